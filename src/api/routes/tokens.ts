@@ -1,0 +1,68 @@
+import { z } from 'zod';
+import { PermissionSchema, PresetSchema } from '../../shared/tokens/permissions.js';
+import { createToken, listTokens } from '../../shared/tokens/service.js';
+import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
+import type { App } from '../types.js';
+
+const CreateTokenBody = z
+  .object({
+    name: z.string().trim().min(1, 'must be 1 to 100 characters').max(100, 'must be 1 to 100 characters'),
+    reuseIfExists: z.boolean().optional(),
+    permissions: z.array(PermissionSchema).min(1).optional(),
+    preset: PresetSchema.optional(),
+  })
+  .refine((body) => !(body.preset && body.permissions), {
+    message: 'give either preset or permissions, not both',
+    path: ['preset'],
+  });
+
+const CreatedToken = z.object({
+  id: z.string(),
+  name: z.string(),
+  token: z.string(),
+  permissions: z.array(z.string()),
+  createdAt: Timestamp,
+  reused: z.boolean(),
+});
+
+const TokenSummary = z.object({
+  id: z.string(),
+  name: z.string(),
+  last4: z.string(),
+  permissions: z.array(z.string()),
+  createdAt: Timestamp,
+});
+
+export async function tokensRoutes(app: App): Promise<void> {
+  app.post(
+    '/tokens',
+    {
+      config: { permission: 'tokens' },
+      schema: { tags: ['tokens'], summary: 'Create an API token', body: CreateTokenBody, response: { 200: CreatedToken } },
+    },
+    async (request) => {
+      const token = await createToken(request.em, app.services.box, request.caller, request.body);
+      return { ...token, createdAt: iso(token.createdAt) };
+    },
+  );
+
+  app.get(
+    '/tokens',
+    {
+      config: { permission: 'tokens' },
+      schema: {
+        tags: ['tokens'],
+        summary: 'List API tokens',
+        querystring: z.object({ limit: limitQuery.optional() }),
+        response: { 200: listEnvelope(TokenSummary) },
+      },
+    },
+    async (request) => {
+      const { items, hasMore } = await listTokens(request.em, request.caller.organizationId, request.query.limit);
+      return list(
+        items.map((t) => ({ id: t.id, name: t.name, last4: t.last4, permissions: t.permissions, createdAt: iso(t.createdAt) })),
+        hasMore,
+      );
+    },
+  );
+}

@@ -1,0 +1,23 @@
+import { pathToFileURL } from 'node:url';
+import { bootConfig, onShutdown } from '../shared/boot.js';
+import { closeServices, createServices, type Services } from '../shared/container.js';
+import { buildApp } from './app.js';
+import type { App } from './types.js';
+
+/** Starts the API on HOST:PORT with the given services; returns the listening app. */
+export async function startApi(services: Services): Promise<App> {
+  const app = await buildApp(services, { logRequests: services.config.logLevel === 'debug' || services.config.logLevel === 'trace' });
+  await app.listen({ host: services.config.host, port: services.config.port });
+  return app;
+}
+
+// `npm run start:api` (Procfile `web`): the API alone.
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  const { config, logger } = bootConfig('mailroom-api');
+  const services = await createServices(config, logger);
+  const app = await startApi(services);
+  onShutdown(logger, async () => {
+    await app.close();
+    await closeServices(services);
+  });
+}

@@ -1,0 +1,34 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { FastifyBaseLogger, FastifyInstance, RawReplyDefaultExpression, RawRequestDefaultExpression, RawServerDefault } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import type { Services } from '../shared/container.js';
+import type { Permission } from '../shared/tokens/permissions.js';
+import type { Caller } from '../shared/tokens/service.js';
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    services: Services;
+  }
+  interface FastifyRequest {
+    /** Set by the auth hook on every authenticated route. */
+    caller: Caller;
+    /** A fresh EntityManager fork for this request (never the global one). */
+    em: EntityManager;
+  }
+  interface FastifyContextConfig {
+    /** The scope the route needs (spec 5.7). */
+    permission?: Permission;
+    /** Error name when the scope is missing; the spec asks `validation_error` on email reads. */
+    permissionErrorName?: string;
+    /** Status of a request validation failure: 422 unless the spec says 400. */
+    validationStatus?: number;
+  }
+}
+
+export type App = FastifyInstance<
+  RawServerDefault,
+  RawRequestDefaultExpression,
+  RawReplyDefaultExpression,
+  FastifyBaseLogger,
+  ZodTypeProvider
+>;

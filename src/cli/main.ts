@@ -1,0 +1,149 @@
+import { parseArgs } from 'node:util';
+import { destination, pino } from 'pino';
+import { ConfigError, loadConfig, type Config } from '../shared/config.js';
+import { SecretBox } from '../shared/crypto.js';
+import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js';
+import { AppError } from '../shared/errors.js';
+import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
+
+const USAGE = `Usage: npm run --silent cli -- <command>
+
+Operator commands (talk to the database directly):
+  migrate                                   create the database if missing and apply migrations
+  org create --name NAME [--double-opt-in] [--verify-quota N] [--json]
+  org update ID [--name NAME] [--double-opt-in on|off] [--verify-quota N]
+                [--track-opens on|off] [--track-clicks on|off]
+`;
+
+class UsageError extends Error {}
+
+function onOff(option: string, value: string | undefined): boolean | undefined {
+  if (value === undefined) return undefined;
+  if (value === 'on') return true;
+  if (value === 'off') return false;
+  throw new UsageError(`${option} takes on or off, not "${value}"`);
+}
+
+function count(option: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  if (!/^\d+$/.test(value)) throw new UsageError(`${option} takes a whole number, not "${value}"`);
+  return Number(value);
+}
+
+async function withOrm<T>(config: Config, run: (orm: Orm) => Promise<T>): Promise<T> {
+  const orm = await initOrm({ databaseUrl: config.databaseUrl, poolSize: 2 });
+  try {
+    return await run(orm);
+  } finally {
+    await orm.close(true);
+  }
+}
+
+async function orgCreate(config: Config, args: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      name: { type: 'string' },
+      'double-opt-in': { type: 'boolean', default: false },
+      'verify-quota': { type: 'string' },
+      json: { type: 'boolean', default: false },
+    },
+  });
+  const name = values.name?.trim();
+  if (!name || name.length > 100) throw new UsageError('--name is required (1 to 100 characters)');
+  const created = await withOrm(config, (orm) =>
+    createOrganization(orm.em.fork(), new SecretBox(config.secretKey), {
+      name,
+      doubleOptIn: values['double-opt-in'],
+      verifyQuota: count('--verify-quota', values['verify-quota']) ?? config.verifyMonthlyQuota,
+    }),
+  );
+  const result = {
+    organization: { id: created.organization.id, name: created.organization.name },
+    token: created.token,
+  };
+  if (values.json) {
+    process.stdout.write(`${JSON.stringify(result)}\n`);
+  } else {
+    process.stdout.write(
+      `Created organization ${result.organization.id} (${result.organization.name}).\n` +
+        `Its first token (permissions *), shown only now:\n\n  ${result.token.token}\n`,
+    );
+  }
+}
+
+async function orgUpdate(config: Config, args: string[]): Promise<void> {
+  const { values, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    options: {
+      name: { type: 'string' },
+      'double-opt-in': { type: 'string' },
+      'verify-quota': { type: 'string' },
+      'track-opens': { type: 'string' },
+      'track-clicks': { type: 'string' },
+      json: { type: 'boolean', default: false },
+    },
+  });
+  const id = positionals[0];
+  if (!id) throw new UsageError('org update needs the organization id');
+  const org = await withOrm(config, (orm) =>
+    updateOrganization(orm.em.fork(), id, {
+      name: values.name?.trim() || undefined,
+      doubleOptIn: onOff('--double-opt-in', values['double-opt-in']),
+      verifyQuota: count('--verify-quota', values['verify-quota']),
+      trackOpens: onOff('--track-opens', values['track-opens']),
+      trackClicks: onOff('--track-clicks', values['track-clicks']),
+    }),
+  );
+  const shown = {
+    id: org.id,
+    name: org.name,
+    doubleOptIn: org.doubleOptIn,
+    verifyQuota: org.verifyQuota,
+    trackOpens: org.trackOpens,
+    trackClicks: org.trackClicks,
+  };
+  process.stdout.write(values.json ? `${JSON.stringify(shown)}\n` : `Updated ${org.id}: ${JSON.stringify(shown)}\n`);
+}
+
+async function runMigrate(config: Config): Promise<void> {
+  if (await ensureDatabase(config.databaseUrl)) process.stderr.write('created the database\n');
+  const applied = await withOrm(config, migrate);
+  process.stderr.write(applied.length ? `applied ${applied.join(', ')}\n` : 'database is up to date\n');
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const [command, sub, ...rest] = argv;
+  let config: Config;
+  try {
+    config = loadConfig();
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      process.stderr.write(`mailroom: ${error.message}\n`);
+      return 1;
+    }
+    throw error;
+  }
+  try {
+    if (command === 'migrate') await runMigrate(config);
+    else if (command === 'org' && sub === 'create') await orgCreate(config, rest);
+    else if (command === 'org' && sub === 'update') await orgUpdate(config, rest);
+    else if (!command || command === 'help' || command === '--help') process.stdout.write(USAGE);
+    else throw new UsageError(`unknown command: ${argv.join(' ')}`);
+    return 0;
+  } catch (error) {
+    if (error instanceof UsageError || (error instanceof TypeError && (error as { code?: string }).code?.startsWith('ERR_PARSE_ARGS'))) {
+      process.stderr.write(`mailroom: ${error.message}\n\n${USAGE}`);
+      return 2;
+    }
+    if (error instanceof AppError) {
+      process.stderr.write(`mailroom: ${error.message}\n`);
+      return 1;
+    }
+    pino({ level: 'error' }, destination(2)).error({ err: error }, 'command failed');
+    return 1;
+  }
+}
+
+process.exitCode = await main(process.argv.slice(2));

@@ -1,0 +1,27 @@
+import { startApi } from './api/server.js';
+import { bootConfig, onShutdown } from './shared/boot.js';
+import { closeServices, createServices } from './shared/container.js';
+import { ensureDatabase, migrate } from './shared/db/orm.js';
+import { startWorkerProcess } from './workers/main.js';
+
+// `npm start`: one process for a laptop or a small server. It creates the database when
+// missing, applies migrations, then serves the API and runs every worker. Ctrl-C stops
+// taking requests, lets active requests and jobs finish, then exits.
+const { config, logger } = bootConfig('mailroom');
+try {
+  if (await ensureDatabase(config.databaseUrl)) logger.info('created the database');
+} catch (error) {
+  logger.fatal({ err: error }, `cannot reach PostgreSQL at ${new URL(config.databaseUrl).host}`);
+  process.exit(1);
+}
+const services = await createServices(config, logger);
+const applied = await migrate(services.orm);
+if (applied.length > 0) logger.info({ applied }, 'applied migrations');
+const workers = await startWorkerProcess(services);
+const app = await startApi(services);
+logger.info(`mailroom is running on http://${config.host}:${config.port} (docs at /docs)`);
+onShutdown(logger, async () => {
+  await app.close();
+  await workers.close();
+  await closeServices(services);
+});

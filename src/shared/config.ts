@@ -1,0 +1,157 @@
+import { z } from 'zod';
+
+// Used only outside production, so that `npm install && npm start` runs with no setup.
+// Start-up logs a warning whenever it is in use.
+export const DEVELOPMENT_SECRET_KEY = 'mailroom-development-secret-key-do-not-use-in-production';
+
+const booleanish = z
+  .enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off'])
+  .transform((v) => ['true', '1', 'yes', 'on'].includes(v));
+
+const optionalPositiveInt = z.coerce.number().int().positive().optional();
+
+const hostPort = z
+  .string()
+  .regex(/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+|[0-9a-fA-F:]+)(:\d{1,5})?$/, 'expected host or host:port');
+
+const envSchema = z
+  .object({
+    NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
+    DATABASE_URL: z
+      .string()
+      .regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL')
+      .default('postgres://postgres@127.0.0.1:5432/mailroom'),
+    REDIS_URL: z
+      .string()
+      .regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL')
+      .default('redis://127.0.0.1:6379'),
+    // Every Redis key of the service starts with this, so several installations (or the
+    // test suite) can share one Redis without seeing each other's queues.
+    REDIS_PREFIX: z
+      .string()
+      .regex(/^[A-Za-z0-9_-]{1,64}$/, 'letters, digits, _ and - only')
+      .default('mailroom'),
+    HOST: z.string().min(1).default('127.0.0.1'),
+    PORT: z.coerce.number().int().min(0).max(65535).default(3000),
+    PUBLIC_URL: z.url({ protocol: /^https?$/ }).default('http://localhost:3000'),
+    SECRET_KEY: z.string().min(32, 'must be at least 32 characters').optional(),
+    MAIL_TRANSPORT: z.enum(['file', 'smtp']).default('file'),
+    MAIL_OUTBOX_DIR: z.string().min(1).default('./data/outbox'),
+    SMTP_URL: z
+      .string()
+      .regex(/^smtps?:\/\//, 'expected an smtp:// or smtps:// URL')
+      .optional(),
+    DNS_SERVERS: z
+      .string()
+      .optional()
+      .transform((v, ctx) => {
+        if (v === undefined || v.trim() === '') return undefined;
+        const servers = v.split(',').map((s) => s.trim());
+        for (const s of servers) {
+          if (!hostPort.safeParse(s).success) {
+            ctx.addIssue({ code: 'custom', message: `invalid server "${s}": expected host or host:port` });
+            return z.NEVER;
+          }
+        }
+        return servers;
+      }),
+    VERIFY_MONTHLY_QUOTA: z.coerce.number().int().min(0).default(1000),
+    RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
+    MAIL_RATE_PER_SECOND: optionalPositiveInt,
+    WORKER_QUEUES: z
+      .string()
+      .optional()
+      .transform((v) =>
+        v === undefined || v.trim() === '' || v.trim() === 'all'
+          ? undefined
+          : v.split(',').map((s) => s.trim()).filter(Boolean),
+      ),
+    WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+    PROVIDER_WEBHOOK_SECRET: z.string().min(1).optional(),
+    ADMIN_PASSWORD: z.string().min(1).optional(),
+    ALLOW_UNVERIFIED_DOMAINS: booleanish.optional(),
+    LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  })
+  .superRefine((env, ctx) => {
+    if (env.NODE_ENV === 'production' && !env.SECRET_KEY) {
+      ctx.addIssue({ code: 'custom', path: ['SECRET_KEY'], message: 'is required when NODE_ENV=production' });
+    }
+    if (env.MAIL_TRANSPORT === 'smtp' && !env.SMTP_URL) {
+      ctx.addIssue({ code: 'custom', path: ['SMTP_URL'], message: 'is required when MAIL_TRANSPORT=smtp' });
+    }
+  });
+
+export type Env = z.input<typeof envSchema>;
+
+export interface Config {
+  nodeEnv: 'development' | 'production' | 'test';
+  databaseUrl: string;
+  redisUrl: string;
+  redisPrefix: string;
+  host: string;
+  port: number;
+  publicUrl: string;
+  secretKey: string;
+  usingDevelopmentSecret: boolean;
+  mail: {
+    transport: 'file' | 'smtp';
+    outboxDir: string;
+    smtpUrl?: string;
+    ratePerSecond?: number;
+  };
+  dnsServers?: string[];
+  verifyMonthlyQuota: number;
+  rateLimitPerSecond: number;
+  workerQueues?: string[];
+  workerMetricsPort?: number;
+  providerWebhookSecret?: string;
+  adminPassword?: string;
+  allowUnverifiedDomains: boolean;
+  logLevel: string;
+}
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`Invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+/** Parses the environment once. Throws a ConfigError that names every invalid variable. */
+export function loadConfig(source: Record<string, string | undefined> = process.env): Config {
+  // An empty variable means "not set", as in most twelve-factor tools.
+  const env = Object.fromEntries(Object.entries(source).filter(([, v]) => v !== undefined && v !== ''));
+  const parsed = envSchema.safeParse(env);
+  if (!parsed.success) {
+    throw new ConfigError(
+      parsed.error.issues.map((issue) => `${String(issue.path[0] ?? 'environment')}: ${issue.message}`),
+    );
+  }
+  const e = parsed.data;
+  return {
+    nodeEnv: e.NODE_ENV,
+    databaseUrl: e.DATABASE_URL,
+    redisUrl: e.REDIS_URL,
+    redisPrefix: e.REDIS_PREFIX,
+    host: e.HOST,
+    port: e.PORT,
+    publicUrl: e.PUBLIC_URL.replace(/\/+$/, ''),
+    secretKey: e.SECRET_KEY ?? DEVELOPMENT_SECRET_KEY,
+    usingDevelopmentSecret: e.SECRET_KEY === undefined,
+    mail: {
+      transport: e.MAIL_TRANSPORT,
+      outboxDir: e.MAIL_OUTBOX_DIR,
+      smtpUrl: e.SMTP_URL,
+      ratePerSecond: e.MAIL_RATE_PER_SECOND,
+    },
+    dnsServers: e.DNS_SERVERS,
+    verifyMonthlyQuota: e.VERIFY_MONTHLY_QUOTA,
+    rateLimitPerSecond: e.RATE_LIMIT_PER_SECOND,
+    workerQueues: e.WORKER_QUEUES,
+    workerMetricsPort: e.WORKER_METRICS_PORT,
+    providerWebhookSecret: e.PROVIDER_WEBHOOK_SECRET,
+    adminPassword: e.ADMIN_PASSWORD,
+    allowUnverifiedDomains: e.ALLOW_UNVERIFIED_DOMAINS ?? e.NODE_ENV !== 'production',
+    logLevel: e.LOG_LEVEL,
+  };
+}

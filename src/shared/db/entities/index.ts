@@ -1,0 +1,8 @@
+import { ApiTokenSchema } from './api-token.js';
+import { OrganizationSchema } from './organization.js';
+
+export { ApiToken } from './api-token.js';
+export { Organization } from './organization.js';
+
+/** Every entity of the service; each feature appends its own. */
+export const entities = [OrganizationSchema, ApiTokenSchema];

@@ -1,0 +1,84 @@
+import { Migrator } from '@mikro-orm/migrations';
+import { MikroORM, PostgreSqlDriver, type Options } from '@mikro-orm/postgresql';
+import pg from 'pg';
+import type { Logger } from '../logger.js';
+import { entities } from './entities/index.js';
+import { migrationsList } from './migrations/index.js';
+
+export type Orm = MikroORM;
+export type { EntityManager } from '@mikro-orm/postgresql';
+
+export interface OrmOptions {
+  databaseUrl: string;
+  logger?: Logger;
+  /** Connections in this process's pool. */
+  poolSize?: number;
+}
+
+// How long a request waits for PostgreSQL before it is answered 503 rather than hanging.
+const CONNECT_TIMEOUT_MS = 3_000;
+const ACQUIRE_TIMEOUT_MS = 5_000;
+
+export function ormOptions(options: OrmOptions): Options {
+  return {
+    driver: PostgreSqlDriver,
+    clientUrl: options.databaseUrl,
+    entities,
+    extensions: [Migrator],
+    migrations: {
+      migrationsList,
+      snapshot: false,
+      transactional: true,
+      allOrNothing: true,
+      tableName: 'mikro_orm_migrations',
+    },
+    forceUtcTimezone: true,
+    // A fork per request or job is mandatory: the global EntityManager throws if used.
+    allowGlobalContext: false,
+    pool: { min: 0, max: options.poolSize ?? 10, acquireTimeoutMillis: ACQUIRE_TIMEOUT_MS, idleTimeoutMillis: 30_000 },
+    driverOptions: {
+      connection: { connectionTimeoutMillis: CONNECT_TIMEOUT_MS, application_name: 'mailroom' },
+      acquireConnectionTimeout: ACQUIRE_TIMEOUT_MS,
+    },
+    discovery: { warnWhenNoEntities: false },
+    debug: false,
+    // Connect on first query, so a process starts (and answers 503) while PostgreSQL is down.
+    connect: false,
+    logger: (message: string) => options.logger?.debug({ orm: true }, message),
+  };
+}
+
+export async function initOrm(options: OrmOptions): Promise<Orm> {
+  return MikroORM.init(ormOptions(options));
+}
+
+/** Applies every committed migration that has not run yet; returns the names applied. */
+export async function migrate(orm: Orm): Promise<string[]> {
+  const applied = await orm.getMigrator().up();
+  return applied.map((m) => m.name);
+}
+
+/** Creates the database named in the URL when it does not exist (npm start on a fresh machine). */
+export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
+  const url = new URL(databaseUrl);
+  const name = decodeURIComponent(url.pathname.replace(/^\//, ''));
+  if (!name) throw new Error('DATABASE_URL names no database');
+  const admin = new URL(databaseUrl);
+  admin.pathname = '/postgres';
+  const client = new pg.Client({ connectionString: admin.toString(), connectionTimeoutMillis: CONNECT_TIMEOUT_MS });
+  await client.connect();
+  try {
+    const found = await client.query('select 1 from pg_database where datname = $1', [name]);
+    if (found.rowCount) return false;
+    try {
+      await client.query(`create database "${name.replace(/"/g, '""')}"`);
+    } catch (error) {
+      // Another process created it at the same moment.
+      if ((error as { code?: string }).code !== '42P04') throw error;
+      return false;
+    }
+    return true;
+  } finally {
+    await client.end();
+  }
+}

@@ -1,0 +1,31 @@
+/**
+ * Whether an error means PostgreSQL or Redis cannot be reached (as opposed to a bug or a
+ * bad query). The API answers these 503 and workers back off instead of failing the job.
+ */
+export function isDependencyDown(error: unknown): boolean {
+  let current: unknown = error;
+  for (let depth = 0; current && depth < 5; depth++) {
+    const e = current as { name?: string; code?: string; message?: string; cause?: unknown };
+    if (e.name === 'ConnectionException' || e.name === 'KnexTimeoutError' || e.name === 'MaxRetriesPerRequestError') return true;
+    if (e.code && CONNECTION_CODES.has(e.code)) return true;
+    if (typeof e.code === 'string' && e.code.startsWith('08')) return true; // SQLSTATE class 08: connection exception
+    if (e.message && CONNECTION_MESSAGES.test(e.message)) return true;
+    current = e.cause;
+  }
+  return false;
+}
+
+const CONNECTION_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EHOSTUNREACH',
+  'ENOTCONN',
+  '57P01', // admin_shutdown
+  '57P02', // crash_shutdown
+  '57P03', // cannot_connect_now
+]);
+
+const CONNECTION_MESSAGES =
+  /enableOfflineQueue|Connection is closed|Connection terminated|connection timeout|timeout exceeded when trying to connect|Knex: Timeout acquiring a connection|Client has encountered a connection error|the database system is (starting up|shutting down)/i;

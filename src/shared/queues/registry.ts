@@ -1,0 +1,30 @@
+import { z } from 'zod';
+
+/**
+ * Every queue of the service: queue name -> job name -> zod payload. The producer and the
+ * workers both type and validate against this table, so a job that one side cannot read is
+ * never enqueued. Each feature adds its queue here.
+ */
+export const queueRegistry = {
+  maintenance: {
+    // Periodic housekeeping that belongs to no single feature; scheduled by the workers.
+    'purge-expired': z.object({}),
+  },
+} as const satisfies Record<string, Record<string, z.ZodType>>;
+
+export type QueueRegistry = typeof queueRegistry;
+export type QueueName = keyof QueueRegistry;
+export type JobName<Q extends QueueName> = keyof QueueRegistry[Q] & string;
+export type JobPayload<Q extends QueueName, J extends JobName<Q>> = z.infer<QueueRegistry[Q][J]>;
+
+export const QUEUE_NAMES = Object.keys(queueRegistry) as QueueName[];
+
+export function isQueueName(name: string): name is QueueName {
+  return Object.hasOwn(queueRegistry, name);
+}
+
+export function parsePayload<Q extends QueueName>(queue: Q, job: string, data: unknown): unknown {
+  const schema = (queueRegistry[queue] as Record<string, z.ZodType>)[job];
+  if (!schema) throw new Error(`queue ${queue} has no job named ${job}`);
+  return schema.parse(data);
+}

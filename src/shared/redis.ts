@@ -1,0 +1,41 @@
+import { Redis, type RedisOptions } from 'ioredis';
+
+/**
+ * Two kinds of connection (STYLE 12):
+ * - `producer` (API, CLI): fails fast while Redis is down, so a request is answered 503
+ *   instead of waiting in an offline queue;
+ * - `worker` (BullMQ workers and their blocking reads): retries every command and
+ *   reconnects forever.
+ */
+export function createRedis(url: string, role: 'producer' | 'worker'): Redis {
+  const common: RedisOptions = {
+    connectTimeout: 3_000,
+    retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
+    lazyConnect: false,
+  };
+  const options: RedisOptions =
+    role === 'producer'
+      ? { ...common, enableOfflineQueue: false, maxRetriesPerRequest: 1 }
+      : { ...common, enableOfflineQueue: true, maxRetriesPerRequest: null };
+  return new Redis(url, options);
+}
+
+/** Resolves once the connection is ready, or rejects after `timeoutMs`. */
+export async function waitForRedis(redis: Redis, timeoutMs = 5_000): Promise<void> {
+  if (redis.status === 'ready') return;
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      cleanup();
+      reject(new Error(`Redis did not answer within ${timeoutMs} ms`));
+    }, timeoutMs);
+    const onReady = () => {
+      cleanup();
+      resolve();
+    };
+    const cleanup = () => {
+      clearTimeout(timer);
+      redis.off('ready', onReady);
+    };
+    redis.on('ready', onReady);
+  });
+}

@@ -1,0 +1,31 @@
+import { pathToFileURL } from 'node:url';
+import { bootConfig, onShutdown } from '../shared/boot.js';
+import { closeServices, createServices, type Services } from '../shared/container.js';
+import { createRedis } from '../shared/redis.js';
+import { processors } from './index.js';
+import { startWorkers, type RunningWorkers } from './runner.js';
+
+export async function startWorkerProcess(services: Services): Promise<{ running: RunningWorkers; close(): Promise<void> }> {
+  const connection = createRedis(services.config.redisUrl, 'worker');
+  connection.on('error', (error) => services.logger.debug({ err: error }, 'worker redis error'));
+  const running = await startWorkers(services, connection, processors, services.config.workerQueues);
+  services.logger.info({ queues: running.queues }, 'workers started');
+  return {
+    running,
+    async close() {
+      await running.close();
+      connection.disconnect();
+    },
+  };
+}
+
+// `npm run start:worker` (Procfile `worker`): the queues named in WORKER_QUEUES, or all.
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  const { config, logger } = bootConfig('mailroom-worker');
+  const services = await createServices(config, logger);
+  const workers = await startWorkerProcess(services);
+  onShutdown(logger, async () => {
+    await workers.close();
+    await closeServices(services);
+  });
+}

@@ -1,0 +1,20 @@
+import { initOrm, migrate } from '../../src/shared/db/orm.js';
+import { adminQuery, databaseUrl, dropDatabase } from './database.js';
+
+// One migrated template per run; every test file copies it into a database of its own
+// (CREATE DATABASE ... TEMPLATE), which takes a fraction of a second.
+export default async function setup(): Promise<() => Promise<void>> {
+  const template = `mailroom_test_tpl_${process.pid}`;
+  await dropDatabase(template);
+  await adminQuery(`create database "${template}"`);
+  const orm = await initOrm({ databaseUrl: databaseUrl(template), poolSize: 1 });
+  try {
+    await migrate(orm);
+  } finally {
+    await orm.close(true);
+  }
+  process.env.MAILROOM_TEST_TEMPLATE = template;
+  return async () => {
+    await dropDatabase(template);
+  };
+}
