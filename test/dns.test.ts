@@ -143,6 +143,14 @@ describe('shared DNS (contract 2 DNS_SERVERS)', () => {
     expect(server.count('popular.test', 'A')).toBe(1);
   });
 
+  it('shares answers between processes through Redis', async () => {
+    server.set('shared.test', { mx: [{ priority: 5, exchange: 'mx.shared.test' }] });
+    expect(await dns.mx('shared.test')).toMatchObject({ cacheHit: false });
+    const otherProcess = await createDns(redis, env.config);
+    expect(await otherProcess.mx('shared.test')).toMatchObject({ kind: 'answer', records: [{ priority: 5, exchange: 'mx.shared.test' }], cacheHit: true });
+    expect(server.count('shared.test', 'MX')).toBe(1);
+  });
+
   it('takes DNS_SERVERS through createServices', async () => {
     const services = await createServices(env.config, createLogger({ level: 'silent' }));
     try {

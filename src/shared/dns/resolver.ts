@@ -29,6 +29,12 @@ export const DEFAULT_CACHE_POLICY: DnsCachePolicy = {
   negativeTtl: 60,
 };
 
+// The per-process layer in front of Redis: a hot name costs no round trip. An entry lives
+// at most this long here (and never past its TTL), so an answer refreshed by another
+// process (e.g. a verification's fresh lookup) is seen within a minute.
+const LOCAL_TTL_MS = 60_000;
+const LOCAL_MAX = 20_000;
+
 export interface DnsOptions {
   /** `host` or `host:port` (DNS_SERVERS); the system resolver's servers when absent. */
   servers?: string[];
@@ -71,6 +77,7 @@ export class CachedDns implements DnsService {
   readonly fresh: DnsLookup;
   private readonly policy: DnsCachePolicy;
   private readonly logger?: Logger;
+  private readonly local = new Map<string, { entry: CachedEntry; until: number }>();
   /** Identical concurrent misses share one query. */
   private readonly inFlight = new Map<string, Promise<DnsResult<unknown>>>();
 
@@ -122,18 +129,37 @@ export class CachedDns implements DnsService {
     return pending;
   }
 
-  private async readCache<R>(type: RecordType, name: string): Promise<DnsResult<R> | null> {
-    let raw: string | null;
-    try {
-      raw = await this.redis.get(this.key(type, name));
-    } catch (error) {
-      // The cache is an optimisation: without Redis we still answer, just slower.
-      this.logger?.debug({ err: error }, 'dns cache read failed');
-      return null;
+  private remember(key: string, entry: CachedEntry, now: number): void {
+    if (this.local.size >= LOCAL_MAX && !this.local.has(key)) {
+      // Maps iterate in insertion order: drop the oldest entry.
+      const oldest = this.local.keys().next().value;
+      if (oldest !== undefined) this.local.delete(oldest);
     }
-    if (!raw) return null;
-    const entry = JSON.parse(raw) as CachedEntry;
-    const remaining = Math.ceil((entry.e - Date.now()) / 1000);
+    this.local.set(key, { entry, until: Math.min(entry.e, now + LOCAL_TTL_MS) });
+  }
+
+  private async readCache<R>(type: RecordType, name: string): Promise<DnsResult<R> | null> {
+    const key = this.key(type, name);
+    const now = Date.now();
+    let entry: CachedEntry | undefined;
+    const local = this.local.get(key);
+    if (local && local.until > now) {
+      entry = local.entry;
+    } else {
+      if (local) this.local.delete(key);
+      let raw: string | null;
+      try {
+        raw = await this.redis.get(key);
+      } catch (error) {
+        // The cache is an optimisation: without Redis we still answer, just slower.
+        this.logger?.debug({ err: error }, 'dns cache read failed');
+        return null;
+      }
+      if (!raw) return null;
+      entry = JSON.parse(raw) as CachedEntry;
+      if (entry.e > now) this.remember(key, entry, now);
+    }
+    const remaining = Math.ceil((entry.e - now) / 1000);
     if (remaining <= 0) return null;
     if (entry.k === 'answer') return { kind: 'answer', records: (entry.r ?? []) as R[], ttl: remaining, cacheHit: true };
     return { kind: entry.k, cacheHit: true };
@@ -145,8 +171,10 @@ export class CachedDns implements DnsService {
     const ttl = result.kind === 'answer' ? this.clamp(result.ttl) : this.policy.negativeTtl;
     const entry: CachedEntry = { k: result.kind, e: Date.now() + ttl * 1000 };
     if (result.kind === 'answer') entry.r = result.records;
+    const key = this.key(type, name);
+    this.remember(key, entry, Date.now());
     try {
-      await this.redis.set(this.key(type, name), JSON.stringify(entry), 'PX', ttl * 1000);
+      await this.redis.set(key, JSON.stringify(entry), 'PX', ttl * 1000);
     } catch (error) {
       this.logger?.debug({ err: error }, 'dns cache write failed');
     }
