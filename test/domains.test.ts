@@ -4,7 +4,7 @@ import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Domain, Sender } from '../src/shared/db/entities/index.js';
 import { assertSendingDomainAllowed, dkimOptionsFor, DkimKeyCache } from '../src/shared/domains/dkim.js';
-import { checkDomain, nextPendingCheck } from '../src/shared/domains/verification.js';
+import { canTransition, checkDomain, nextPendingCheck } from '../src/shared/domains/verification.js';
 import { createRedis } from '../src/shared/redis.js';
 import { domainsProcessor } from '../src/workers/domains.js';
 import { startWorkers, type QueueProcessor, type RunningWorkers } from '../src/workers/runner.js';
@@ -315,6 +315,16 @@ describe('verification (spec 3.4, contract 12)', () => {
     expect(gap(12)).toBe(30);
     expect(gap(48)).toBe(60);
     expect(gap(71.9)).toBeCloseTo(6, 5);
+    // Past the deadline (only temporary failures keep it PENDING): hourly.
+    expect(gap(73)).toBe(60);
+  });
+
+  it('allows only the transitions of its table', () => {
+    expect(canTransition('NOT_STARTED', 'PENDING')).toBe(true);
+    expect(canTransition('NOT_STARTED', 'VERIFIED')).toBe(false);
+    expect(canTransition('FAILED', 'VERIFIED')).toBe(false);
+    expect(canTransition('VERIFIED', 'PENDING')).toBe(true);
+    expect(canTransition('PENDING', 'FAILED')).toBe(true);
   });
 
   it('verify of an unknown or foreign domain is 404', async () => {

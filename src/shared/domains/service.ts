@@ -147,6 +147,7 @@ export type VerificationRequest = { domain: Domain; enqueue: boolean };
 export async function requestVerification(em: EntityManager, organizationId: string, idOrHostname: string, now = new Date()): Promise<Domain> {
   return em.transactional(async (tx) => {
     const domain = await findDomain(tx, organizationId, idOrHostname);
+    // A verified domain is only re-checked: it stays VERIFIED unless a record is gone.
     if (domain.status === 'NOT_STARTED' || domain.status === 'FAILED') {
       domain.status = 'PENDING';
       domain.pendingSince = now;

@@ -11,6 +11,21 @@ export const PENDING_LIMIT_MS = 72 * HOUR;
 /** A VERIFIED domain is re-checked this often (a record removed sends it back to PENDING). */
 export const VERIFIED_RECHECK_MS = 24 * HOUR;
 
+/**
+ * Spec 3.4 ("transitions: not shown"), decided here: every allowed change of a domain's
+ * status, and what causes it. `canTransition` is the one check.
+ */
+export const DOMAIN_TRANSITIONS: Readonly<Record<DomainStatus, readonly DomainStatus[]>> = {
+  NOT_STARTED: ['PENDING'], // POST /verify
+  PENDING: ['VERIFIED', 'FAILED'], // DKIM and SPF found / 72 hours without them
+  VERIFIED: ['PENDING'], // a required record disappeared
+  FAILED: ['PENDING'], // POST /verify again
+};
+
+export function canTransition(from: DomainStatus, to: DomainStatus): boolean {
+  return from === to || DOMAIN_TRANSITIONS[from].includes(to);
+}
+
 /** Records whose absence keeps a domain from VERIFIED; DMARC and the MX are reported only. */
 const REQUIRED: ReadonlySet<DomainDnsRecord['purpose']> = new Set(['dkim', 'spf']);
 
@@ -29,7 +44,9 @@ export function nextPendingCheck(pendingSince: Date, now: Date): Date {
   const age = now.getTime() - pendingSince.getTime();
   const interval = age < HOUR ? MINUTE : age < 6 * HOUR ? 10 * MINUTE : age < 24 * HOUR ? 30 * MINUTE : HOUR;
   const deadline = pendingSince.getTime() + PENDING_LIMIT_MS;
-  return new Date(Math.max(now.getTime() + 1, Math.min(now.getTime() + interval, deadline)));
+  // Past the deadline only temporary DNS failures keep a domain PENDING: look hourly.
+  if (now.getTime() >= deadline) return new Date(now.getTime() + HOUR);
+  return new Date(Math.min(now.getTime() + interval, deadline));
 }
 
 export type RecordFinding = 'found' | 'missing' | 'mismatch' | 'temporary';
@@ -143,6 +160,7 @@ export function applyChecks(domain: Domain, checks: RecordCheck[], now: Date): v
     domain.message = `${prefix}: ${[...problems, ...optional].join('; ')}.`;
     domain.nextCheckAt = nextPendingCheck(domain.pendingSince ?? now, now);
   }
+  if (!canTransition(domain.status, next)) throw new Error(`domain ${domain.id}: ${domain.status} -> ${next} is not allowed`);
   domain.status = next;
 }
 
