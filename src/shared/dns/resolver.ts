@@ -156,12 +156,17 @@ export class CachedDns implements DnsService {
         return null;
       }
       if (!raw) return null;
-      entry = JSON.parse(raw) as CachedEntry;
+      try {
+        entry = JSON.parse(raw) as CachedEntry;
+      } catch {
+        return null; // not ours or truncated: treat as a miss, the next answer overwrites it
+      }
       if (entry.e > now) this.remember(key, entry, now);
     }
     const remaining = Math.ceil((entry.e - now) / 1000);
     if (remaining <= 0) return null;
-    if (entry.k === 'answer') return { kind: 'answer', records: (entry.r ?? []) as R[], ttl: remaining, cacheHit: true };
+    // A copy: a caller sorting or editing its answer must not change the cached one.
+    if (entry.k === 'answer') return { kind: 'answer', records: [...(entry.r ?? [])] as R[], ttl: remaining, cacheHit: true };
     return { kind: entry.k, cacheHit: true };
   }
 
@@ -170,7 +175,7 @@ export class CachedDns implements DnsService {
     if (result.kind === 'temporary') return result;
     const ttl = result.kind === 'answer' ? this.clamp(result.ttl) : this.policy.negativeTtl;
     const entry: CachedEntry = { k: result.kind, e: Date.now() + ttl * 1000 };
-    if (result.kind === 'answer') entry.r = result.records;
+    if (result.kind === 'answer') entry.r = [...result.records];
     const key = this.key(type, name);
     this.remember(key, entry, Date.now());
     try {
