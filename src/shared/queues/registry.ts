@@ -10,6 +10,12 @@ export const queueRegistry = {
     // Periodic housekeeping that belongs to no single feature; scheduled by the workers.
     'purge-expired': z.object({}),
   },
+  domains: {
+    // Checks one sending domain's DNS records now (after POST /domains/{d}/verify).
+    check: z.object({ domainId: z.string() }),
+    // Every minute (job scheduler): checks the PENDING/VERIFIED domains that are due.
+    'recheck-due': z.object({}),
+  },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;

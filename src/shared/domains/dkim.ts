@@ -1,0 +1,135 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { Config } from '../config.js';
+import type { SecretBox } from '../crypto.js';
+import { Domain } from '../db/entities/index.js';
+import { ValidationError } from '../errors.js';
+import { addressDomain, normalizeHostname } from './hostname.js';
+
+/**
+ * The `dkim` option of a nodemailer transport or message (nodemailer signs with
+ * relaxed/relaxed canonicalization and rsa-sha256; those are not options).
+ */
+export interface DkimSigningOptions {
+  domainName: string;
+  keySelector: string;
+  privateKey: string;
+  headerFieldNames: string;
+}
+
+/**
+ * Headers we sign: the ones a receiver shows or acts on. List-Unsubscribe and
+ * List-Unsubscribe-Post must be covered for one-click unsubscribe (RFC 8058 section 4).
+ * Headers a relay may add or rewrite (Received, Return-Path) are left out.
+ */
+export const DKIM_SIGNED_HEADERS = [
+  'from',
+  'sender',
+  'reply-to',
+  'to',
+  'cc',
+  'subject',
+  'date',
+  'message-id',
+  'in-reply-to',
+  'references',
+  'mime-version',
+  'content-type',
+  'content-transfer-encoding',
+  'list-id',
+  'list-unsubscribe',
+  'list-unsubscribe-post',
+].join(':');
+
+// How long a sending process keeps a domain's key (or its absence) in memory: a send
+// costs no query and no decryption, and a new or deleted domain is seen within a minute.
+const CACHE_TTL_MS = 60_000;
+const CACHE_MAX = 5_000;
+
+interface Entry {
+  value: DkimSigningOptions | null;
+  expiresAt: number;
+}
+
+/** A small in-process cache of DKIM options by (organization, domain). */
+export class DkimKeyCache {
+  private readonly entries = new Map<string, Entry>();
+
+  constructor(private readonly ttlMs = CACHE_TTL_MS) {}
+
+  get(key: string, now: number): Entry | undefined {
+    const entry = this.entries.get(key);
+    if (entry && entry.expiresAt > now) return entry;
+    if (entry) this.entries.delete(key);
+    return undefined;
+  }
+
+  set(key: string, value: DkimSigningOptions | null, now: number): void {
+    if (this.entries.size >= CACHE_MAX) {
+      const oldest = this.entries.keys().next().value;
+      if (oldest !== undefined) this.entries.delete(oldest);
+    }
+    this.entries.set(key, { value, expiresAt: now + this.ttlMs });
+  }
+
+  clear(): void {
+    this.entries.clear();
+  }
+}
+
+const defaultCache = new DkimKeyCache();
+
+/**
+ * nodemailer's `dkim` option for mail from `fromDomain` (a hostname or a whole address) of
+ * the organization, or null when the organization has no such domain. Signs whatever the
+ * domain's status (contract 11: "DKIM-signed when its domain has a key"); whether sending
+ * from it is allowed at all is `assertSendingDomainAllowed`.
+ */
+export async function dkimOptionsFor(
+  em: EntityManager,
+  box: SecretBox,
+  organizationId: string,
+  fromDomain: string,
+  cache: DkimKeyCache = defaultCache,
+): Promise<DkimSigningOptions | null> {
+  const hostname = fromDomain.includes('@') ? addressDomain(fromDomain) : normalizeHostname(fromDomain);
+  if (!hostname) return null;
+  const key = `${organizationId}:${hostname}`;
+  const now = Date.now();
+  const cached = cache.get(key, now);
+  if (cached) return cached.value;
+  const domain = await em.findOne(Domain, { organizationId, domain: hostname }, { fields: ['domain', 'dkimSelector', 'dkimPrivateKeySealed'] });
+  const value = domain
+    ? {
+        domainName: domain.domain,
+        keySelector: domain.dkimSelector,
+        privateKey: box.open(domain.dkimPrivateKeySealed),
+        headerFieldNames: DKIM_SIGNED_HEADERS,
+      }
+    : null;
+  cache.set(key, value, now);
+  return value;
+}
+
+/**
+ * Contract 12: with ALLOW_UNVERIFIED_DOMAINS=false, sending from a domain that is not
+ * VERIFIED in the organization is 422 `validation_error` naming the domain. `from` is an
+ * address (`a@b`, or `Name <a@b>`) or a hostname; `path` names the field in the error.
+ */
+export async function assertSendingDomainAllowed(
+  em: EntityManager,
+  config: Pick<Config, 'allowUnverifiedDomains'>,
+  organizationId: string,
+  from: string,
+  path = 'from',
+): Promise<void> {
+  if (config.allowUnverifiedDomains) return;
+  const address = /<([^<>]+)>\s*$/.exec(from)?.[1] ?? from;
+  const hostname = address.includes('@') ? addressDomain(address) : normalizeHostname(address);
+  const shown = hostname ?? address.slice(address.lastIndexOf('@') + 1);
+  const domain = hostname ? await em.findOne(Domain, { organizationId, domain: hostname }, { fields: ['status'] }) : null;
+  if (domain?.status === 'VERIFIED') return;
+  const reason = domain ? `is ${domain.status}, not VERIFIED` : 'is not a domain of this organization';
+  throw new ValidationError(`${path}: the sending domain ${shown} ${reason}`, [
+    { path, message: `domain ${shown} is not verified` },
+  ]);
+}

@@ -1,0 +1,63 @@
+import { UniqueConstraintViolationException } from '@mikro-orm/core';
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { Domain, Sender } from '../db/entities/index.js';
+import { NotFoundError, ValidationError } from '../errors.js';
+import { isId, newId } from '../ids.js';
+import { addressDomain } from './hostname.js';
+
+export interface CreateSenderInput {
+  name: string;
+  email: string;
+}
+
+/** Lower-cases the address and writes its domain in ASCII (punycode). */
+export function normalizeSenderEmail(email: string): { email: string; domain: string } | null {
+  const trimmed = email.trim();
+  const at = trimmed.lastIndexOf('@');
+  const domain = addressDomain(trimmed);
+  if (at <= 0 || !domain) return null;
+  return { email: `${trimmed.slice(0, at).toLowerCase()}@${domain}`, domain };
+}
+
+export async function createSender(em: EntityManager, organizationId: string, input: CreateSenderInput, now = new Date()): Promise<Sender> {
+  const parsed = normalizeSenderEmail(input.email);
+  if (!parsed) throw new ValidationError('email: not a valid address', [{ path: 'email', message: 'not a valid address' }]);
+  const domain = await em.findOne(Domain, { organizationId, domain: parsed.domain }, { fields: ['id'] });
+  if (!domain) {
+    throw new ValidationError(`email: ${parsed.domain} is not a domain of this organization; add it with POST /api/v2/domains first`, [
+      { path: 'email', message: `domain ${parsed.domain} is not a domain of this organization` },
+    ]);
+  }
+  const duplicate = () =>
+    new ValidationError(`email: a sender with the address ${parsed.email} already exists`, [{ path: 'email', message: 'already exists' }]);
+  if (await em.count(Sender, { organizationId, email: parsed.email })) throw duplicate();
+  try {
+    return await em.transactional(async (tx) =>
+      tx.create(Sender, { id: newId('snd'), organizationId, domainId: domain.id, name: input.name, email: parsed.email, createdAt: now }),
+    );
+  } catch (error) {
+    if (error instanceof UniqueConstraintViolationException) throw duplicate();
+    throw error;
+  }
+}
+
+export async function listSenders(
+  em: EntityManager,
+  organizationId: string,
+  limit: number | undefined,
+): Promise<{ items: Sender[]; hasMore: boolean }> {
+  const rows = await em.find(
+    Sender,
+    { organizationId },
+    { orderBy: { createdAt: 'desc', id: 'desc' }, limit: limit === undefined ? undefined : limit + 1 },
+  );
+  const hasMore = limit !== undefined && rows.length > limit;
+  return { items: hasMore ? rows.slice(0, limit) : rows, hasMore };
+}
+
+/** A sender of the organization by id (campaigns resolve `senderId` through this too). */
+export async function getSender(em: EntityManager, organizationId: string, id: string): Promise<Sender> {
+  const sender = isId(id, 'snd') ? await em.findOne(Sender, { id, organizationId }) : null;
+  if (!sender) throw new NotFoundError(`Sender ${id} not found`);
+  return sender;
+}

@@ -1,0 +1,175 @@
+import { generateKeyPair } from 'node:crypto';
+import { promisify } from 'node:util';
+import { UniqueConstraintViolationException } from '@mikro-orm/core';
+import { raw, type EntityManager } from '@mikro-orm/postgresql';
+import type { SecretBox } from '../crypto.js';
+import { Domain, Sender, type DomainDnsRecord } from '../db/entities/index.js';
+import { NotFoundError, ValidationError } from '../errors.js';
+import { isId, newId } from '../ids.js';
+import { normalizeHostname } from './hostname.js';
+import { buildDnsRecords } from './records.js';
+
+const generateKeyPairAsync = promisify(generateKeyPair);
+
+export const DEFAULT_REGION = 'us-east-1';
+
+export const NOT_STARTED_MESSAGE = 'Publish the DNS records, then call POST /api/v2/domains/{domain}/verify.';
+export const CHECKING_MESSAGE = 'Verification requested: the DNS records are being checked.';
+
+export interface DkimKeyPair {
+  /** Base64 DER SubjectPublicKeyInfo, as the `p=` tag of the DKIM record wants it. */
+  publicKey: string;
+  /** PKCS#8 PEM. */
+  privateKey: string;
+}
+
+/** RSA-2048: the size every receiver accepts and RFC 8301 recommends at least. */
+export async function generateDkimKeyPair(): Promise<DkimKeyPair> {
+  const { publicKey, privateKey } = await generateKeyPairAsync('rsa', {
+    modulusLength: 2048,
+    publicKeyEncoding: { type: 'spki', format: 'der' },
+    privateKeyEncoding: { type: 'pkcs8', format: 'pem' },
+  });
+  return { publicKey: publicKey.toString('base64'), privateKey };
+}
+
+/** Selector unique per domain registration (`mr` + the random tail of the id), so two
+ * registrations of one hostname never publish at the same name. */
+export function selectorFor(domainId: string): string {
+  return `mr${domainId.slice(-8)}`;
+}
+
+export interface CreateDomainInput {
+  domain: string;
+  region?: string;
+}
+
+export function parseHostnameOrThrow(input: string, path = 'domain'): string {
+  const hostname = normalizeHostname(input);
+  if (!hostname) throw new ValidationError(`${path}: "${input}" is not a valid hostname`, [{ path, message: 'not a valid hostname' }]);
+  return hostname;
+}
+
+export async function createDomain(
+  em: EntityManager,
+  box: SecretBox,
+  organizationId: string,
+  mailHost: string,
+  input: CreateDomainInput,
+  now = new Date(),
+): Promise<Domain> {
+  const hostname = parseHostnameOrThrow(input.domain);
+  const duplicate = () =>
+    new ValidationError(`domain: ${hostname} already exists in this organization`, [{ path: 'domain', message: 'already exists' }]);
+  if (await em.count(Domain, { organizationId, domain: hostname })) throw duplicate();
+  // Key generation (tens of ms) happens before the transaction, never inside it.
+  const keys = await generateDkimKeyPair();
+  const id = newId('dom');
+  const selector = selectorFor(id);
+  try {
+    return await em.transactional(async (tx) =>
+      tx.create(Domain, {
+        id,
+        organizationId,
+        domain: hostname,
+        region: input.region ?? DEFAULT_REGION,
+        status: 'NOT_STARTED',
+        dkimSelector: selector,
+        dkimPrivateKeySealed: box.seal(keys.privateKey),
+        dnsRecords: buildDnsRecords({ domain: hostname, selector, publicKey: keys.publicKey, mailHost }),
+        mailProviderRecords: [],
+        message: NOT_STARTED_MESSAGE,
+        pendingSince: null,
+        lastCheckedAt: null,
+        nextCheckAt: null,
+        verifiedAt: null,
+        createdAt: now,
+        updatedAt: now,
+      }),
+    );
+  } catch (error) {
+    // Two concurrent creates of one hostname: the unique constraint decides.
+    if (error instanceof UniqueConstraintViolationException) throw duplicate();
+    throw error;
+  }
+}
+
+/** `:domain` in a path: a `dom_` id or a hostname (Unicode or punycode). */
+export async function findDomain(em: EntityManager, organizationId: string, idOrHostname: string): Promise<Domain> {
+  let domain: Domain | null = null;
+  if (isId(idOrHostname, 'dom')) {
+    domain = await em.findOne(Domain, { id: idOrHostname, organizationId });
+  } else {
+    const hostname = normalizeHostname(idOrHostname);
+    if (hostname) domain = await em.findOne(Domain, { domain: hostname, organizationId });
+  }
+  if (!domain) throw new NotFoundError(`Domain ${idOrHostname} not found`);
+  return domain;
+}
+
+export interface DomainListItem {
+  domain: Domain;
+  emailSendersCount: number;
+}
+
+export async function listDomains(
+  em: EntityManager,
+  organizationId: string,
+  limit: number | undefined,
+): Promise<{ items: DomainListItem[]; hasMore: boolean }> {
+  const rows = await em.find(
+    Domain,
+    { organizationId },
+    { orderBy: { createdAt: 'desc', id: 'desc' }, limit: limit === undefined ? undefined : limit + 1 },
+  );
+  const hasMore = limit !== undefined && rows.length > limit;
+  const page = hasMore ? rows.slice(0, limit) : rows;
+  const counts = new Map<string, number>();
+  if (page.length > 0) {
+    const rows: Array<{ domainId: string; count: string }> = await em
+      .createQueryBuilder(Sender)
+      .select(['domainId', raw('count(*) as count')])
+      .where({ domainId: { $in: page.map((d) => d.id) } })
+      .groupBy('domainId')
+      .execute('all', true);
+    for (const row of rows) counts.set(row.domainId, Number(row.count));
+  }
+  return { items: page.map((domain) => ({ domain, emailSendersCount: counts.get(domain.id) ?? 0 })), hasMore };
+}
+
+export type VerificationRequest = { domain: Domain; enqueue: boolean };
+
+/**
+ * NOT_STARTED or FAILED -> PENDING (a new 72-hour window); PENDING stays PENDING; VERIFIED
+ * stays VERIFIED. In every case the domain is due now, and the caller enqueues a check
+ * after the commit.
+ */
+export async function requestVerification(em: EntityManager, organizationId: string, idOrHostname: string, now = new Date()): Promise<Domain> {
+  return em.transactional(async (tx) => {
+    const domain = await findDomain(tx, organizationId, idOrHostname);
+    // A verified domain is only re-checked: it stays VERIFIED unless a record is gone.
+    if (domain.status === 'NOT_STARTED' || domain.status === 'FAILED') {
+      domain.status = 'PENDING';
+      domain.pendingSince = now;
+      domain.message = CHECKING_MESSAGE;
+      domain.dnsRecords = domain.dnsRecords.map((r): DomainDnsRecord => ({ ...r, status: 'PENDING' }));
+    }
+    domain.nextCheckAt = now;
+    return domain;
+  });
+}
+
+export async function deleteDomain(em: EntityManager, organizationId: string, idOrHostname: string): Promise<Domain> {
+  return em.transactional(async (tx) => {
+    const domain = await findDomain(tx, organizationId, idOrHostname);
+    // Senders on the domain go with it (foreign key on delete cascade).
+    await tx.nativeDelete(Sender, { domainId: domain.id });
+    tx.remove(domain);
+    return domain;
+  });
+}
+
+/** The host named in the records we hand out: the service's public host. */
+export function mailHostOf(publicUrl: string): string {
+  return new URL(publicUrl).hostname.toLowerCase();
+}

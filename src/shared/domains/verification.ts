@@ -1,0 +1,185 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { Domain, type DomainDnsRecord, type DomainStatus } from '../db/entities/index.js';
+import type { DnsLookup } from '../dns/types.js';
+import { parseTags } from './records.js';
+
+const MINUTE = 60_000;
+const HOUR = 60 * MINUTE;
+
+/** A domain still PENDING this long after verification was requested becomes FAILED. */
+export const PENDING_LIMIT_MS = 72 * HOUR;
+/** A VERIFIED domain is re-checked this often (a record removed sends it back to PENDING). */
+export const VERIFIED_RECHECK_MS = 24 * HOUR;
+
+/**
+ * Spec 3.4 ("transitions: not shown"), decided here: every allowed change of a domain's
+ * status, and what causes it. `canTransition` is the one check.
+ */
+export const DOMAIN_TRANSITIONS: Readonly<Record<DomainStatus, readonly DomainStatus[]>> = {
+  NOT_STARTED: ['PENDING'], // POST /verify
+  PENDING: ['VERIFIED', 'FAILED'], // DKIM and SPF found / 72 hours without them
+  VERIFIED: ['PENDING'], // a required record disappeared
+  FAILED: ['PENDING'], // POST /verify again
+};
+
+export function canTransition(from: DomainStatus, to: DomainStatus): boolean {
+  return from === to || DOMAIN_TRANSITIONS[from].includes(to);
+}
+
+/** Records whose absence keeps a domain from VERIFIED; DMARC and the MX are reported only. */
+const REQUIRED: ReadonlySet<DomainDnsRecord['purpose']> = new Set(['dkim', 'spf']);
+
+const LABELS: Record<DomainDnsRecord['purpose'], string> = {
+  dkim: 'DKIM',
+  spf: 'SPF',
+  dmarc: 'DMARC',
+  return_path: 'return-path MX',
+};
+
+/**
+ * When a PENDING domain is next checked: every minute for the first hour, then backing off
+ * (10 min until 6 h, 30 min until 24 h, hourly after), never past the 72-hour deadline.
+ */
+export function nextPendingCheck(pendingSince: Date, now: Date): Date {
+  const age = now.getTime() - pendingSince.getTime();
+  const interval = age < HOUR ? MINUTE : age < 6 * HOUR ? 10 * MINUTE : age < 24 * HOUR ? 30 * MINUTE : HOUR;
+  const deadline = pendingSince.getTime() + PENDING_LIMIT_MS;
+  // Past the deadline only temporary DNS failures keep a domain PENDING: look hourly.
+  if (now.getTime() >= deadline) return new Date(now.getTime() + HOUR);
+  return new Date(Math.min(now.getTime() + interval, deadline));
+}
+
+export type RecordFinding = 'found' | 'missing' | 'mismatch' | 'temporary';
+
+export interface RecordCheck {
+  record: DomainDnsRecord;
+  finding: RecordFinding;
+  detail: string;
+}
+
+function normalizeTxt(value: string): string {
+  return value.trim().replace(/\s+/g, ' ').toLowerCase();
+}
+
+/** Whether one published TXT/MX answer satisfies the record we asked for. */
+function satisfies(record: DomainDnsRecord, published: string[]): boolean {
+  switch (record.purpose) {
+    case 'dkim': {
+      const wanted = parseTags(record.value).get('p');
+      return published.some((txt) => {
+        const tags = parseTags(txt);
+        const version = tags.get('v');
+        return (version === undefined || version === 'DKIM1') && tags.get('p') === wanted;
+      });
+    }
+    case 'spf': {
+      // Published "as given": the v=spf1 record holds every mechanism we asked for (the user
+      // may add their own, and may choose another `all` qualifier).
+      const wanted = normalizeTxt(record.value)
+        .split(' ')
+        .filter((t) => t !== 'v=spf1' && !/^[~?+-]?all$/.test(t));
+      return published.some((txt) => {
+        const terms = normalizeTxt(txt).split(' ');
+        return terms[0] === 'v=spf1' && wanted.every((t) => terms.includes(t));
+      });
+    }
+    case 'dmarc':
+      return published.some((txt) => /^v\s*=\s*dmarc1\s*(;|$)/i.test(txt.trim()));
+    case 'return_path':
+      return published.includes(record.value.toLowerCase().replace(/\.$/, ''));
+  }
+}
+
+/** Looks every record up (fresh, not from the cache) and says what was found. */
+export async function checkRecords(dns: DnsLookup, records: DomainDnsRecord[]): Promise<RecordCheck[]> {
+  return Promise.all(
+    records.map(async (record): Promise<RecordCheck> => {
+      const label = `${LABELS[record.purpose]} ${record.type} record at ${record.name}`;
+      const result = record.type === 'MX' ? await dns.mx(record.name) : await dns.txt(record.name);
+      if (result.kind === 'temporary') {
+        return { record, finding: 'temporary', detail: `${label} could not be looked up right now (${result.reason})` };
+      }
+      if (result.kind !== 'answer') return { record, finding: 'missing', detail: `${label} not found` };
+      const published = result.records.map((r) => (typeof r === 'string' ? r : r.exchange));
+      if (satisfies(record, published)) return { record, finding: 'found', detail: `${label} found` };
+      return { record, finding: 'mismatch', detail: `${label} does not hold the expected value` };
+    }),
+  );
+}
+
+/**
+ * Applies one round of lookups to the domain (the state table of spec 3.4):
+ * PENDING -> VERIFIED when DKIM and SPF are found; PENDING -> FAILED 72 hours after the
+ * request; VERIFIED -> PENDING when a required record disappears. A temporary DNS failure
+ * changes no state and only reschedules.
+ */
+export function applyChecks(domain: Domain, checks: RecordCheck[], now: Date): void {
+  const required = checks.filter((c) => REQUIRED.has(c.record.purpose));
+  const allFound = required.every((c) => c.finding === 'found');
+  const definitelyMissing = required.filter((c) => c.finding === 'missing' || c.finding === 'mismatch');
+  const temporary = required.filter((c) => c.finding === 'temporary');
+  const optionalMissing = checks.filter((c) => !REQUIRED.has(c.record.purpose) && c.finding !== 'found');
+
+  let next: DomainStatus = domain.status;
+  if (allFound) {
+    next = 'VERIFIED';
+  } else if (domain.status === 'VERIFIED') {
+    // Only a definite absence demotes a verified domain; a DNS hiccup does not.
+    if (definitelyMissing.length > 0) next = 'PENDING';
+  } else if (domain.status === 'PENDING') {
+    const since = domain.pendingSince ?? now;
+    if (definitelyMissing.length > 0 && now.getTime() - since.getTime() >= PENDING_LIMIT_MS) next = 'FAILED';
+  }
+
+  const recordStatus = (c: RecordCheck): DomainStatus => {
+    if (c.finding === 'found') return 'VERIFIED';
+    if (c.finding === 'temporary') return c.record.status;
+    return next === 'FAILED' && REQUIRED.has(c.record.purpose) ? 'FAILED' : 'PENDING';
+  };
+  domain.dnsRecords = checks.map((c) => ({ ...c.record, status: recordStatus(c) }));
+  domain.lastCheckedAt = now;
+
+  if (allFound) {
+    if (domain.status !== 'VERIFIED') domain.verifiedAt = now;
+    domain.pendingSince = null;
+    domain.message = null;
+    domain.nextCheckAt = new Date(now.getTime() + VERIFIED_RECHECK_MS);
+  } else if (next === 'VERIFIED') {
+    // Still VERIFIED after a temporary failure: nothing for the user to do; look again soon.
+    domain.message = null;
+    domain.nextCheckAt = new Date(now.getTime() + 10 * MINUTE);
+  } else if (next === 'FAILED') {
+    domain.message = `Verification failed: the records were not found within 72 hours (${definitelyMissing.map((c) => c.detail).join('; ')}). Fix them and call verify again.`;
+    domain.nextCheckAt = null;
+  } else {
+    const demoted = domain.status === 'VERIFIED';
+    if (demoted) domain.pendingSince = now;
+    const problems = [...definitelyMissing, ...temporary].map((c) => c.detail);
+    const optional = optionalMissing.map((c) => `${c.detail} (optional)`);
+    const prefix = demoted ? 'A required record is no longer published' : 'Waiting for DNS records';
+    domain.message = `${prefix}: ${[...problems, ...optional].join('; ')}.`;
+    domain.nextCheckAt = nextPendingCheck(domain.pendingSince ?? now, now);
+  }
+  if (!canTransition(domain.status, next)) throw new Error(`domain ${domain.id}: ${domain.status} -> ${next} is not allowed`);
+  domain.status = next;
+}
+
+/** One check of one domain, idempotent: a domain not PENDING or VERIFIED is left alone. */
+export async function checkDomain(em: EntityManager, dns: DnsLookup, domainId: string, now = new Date()): Promise<Domain | null> {
+  const domain = await em.findOne(Domain, { id: domainId });
+  if (!domain || (domain.status !== 'PENDING' && domain.status !== 'VERIFIED')) return domain;
+  const checks = await checkRecords(dns, domain.dnsRecords);
+  applyChecks(domain, checks, now);
+  await em.flush();
+  return domain;
+}
+
+/** Ids of PENDING/VERIFIED domains whose next check is due, oldest first. */
+export async function dueDomainIds(em: EntityManager, now: Date, limit: number): Promise<string[]> {
+  const rows = await em.find(
+    Domain,
+    { status: { $in: ['PENDING', 'VERIFIED'] }, nextCheckAt: { $lte: now } },
+    { fields: ['id'], orderBy: { nextCheckAt: 'asc' }, limit },
+  );
+  return rows.map((r) => r.id);
+}
