@@ -79,7 +79,8 @@ const QUEUE_STATES = ['waiting', 'active', 'delayed', 'failed', 'prioritized', '
 
 export function createMetrics(sources: MetricsSources): Metrics {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'mailroom_process_' });
+  // The standard process_* and nodejs_* series, unprefixed so stock Node.js dashboards work.
+  collectDefaultMetrics({ register: registry });
   const registers = [registry];
 
   const counter = <L extends string>(name: string, help: string, labelNames: readonly L[] = []) =>
