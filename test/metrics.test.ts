@@ -1,7 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics } from '../src/shared/metrics.js';
 import { QUEUE_NAMES } from '../src/shared/queues/registry.js';
+import { startWorkerProcess } from '../src/workers/main.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { freePort } from './helpers/outages.js';
 
 /** The value of one sample line of a Prometheus text body, or undefined. */
 function sample(body: string, name: string, labels: Record<string, string> = {}): number | undefined {
@@ -132,5 +134,44 @@ describe('GET /metrics with ADMIN_PASSWORD set', () => {
     const right = await ctx.app.inject({ url: '/metrics', headers: { authorization: `Basic ${Buffer.from('admin:metrics-secret').toString('base64')}` } });
     expect(right.statusCode).toBe(200);
     expect(right.body).toContain('mailroom_queue_jobs');
+  });
+});
+
+describe('worker process metrics on WORKER_METRICS_PORT', () => {
+  let ctx: TestContext;
+  let worker: Awaited<ReturnType<typeof startWorkerProcess>>;
+  let port: number;
+
+  beforeAll(async () => {
+    port = await freePort();
+    ctx = await createTestContext({ WORKER_METRICS_PORT: String(port), ADMIN_PASSWORD: 'worker-secret' });
+    worker = await startWorkerProcess(ctx.services);
+  });
+  afterAll(async () => {
+    await worker?.close();
+    await ctx?.close();
+  });
+
+  it('is served by the worker process on its own port, with the operator credentials', async () => {
+    expect(worker.metricsServer?.port).toBe(port);
+    const anonymous = await fetch(`http://127.0.0.1:${port}/metrics`);
+    expect(anonymous.status).toBe(401);
+    expect(anonymous.headers.get('www-authenticate')).toMatch(/^Basic /);
+    const res = await fetch(`http://127.0.0.1:${port}/metrics`, { headers: { authorization: `Basic ${Buffer.from('admin:worker-secret').toString('base64')}` } });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toMatch(/^text\/plain/);
+    const body = await res.text();
+    expect(sample(body, 'mailroom_worker_paused', { queue: 'maintenance' })).toBe(0);
+    expect(body).toContain('# TYPE mailroom_jobs_completed_total counter');
+    expect(body).toContain('# TYPE mailroom_job_duration_seconds histogram');
+  });
+
+  it('is not started without WORKER_METRICS_PORT', async () => {
+    const other = await startWorkerProcess({ ...ctx.services, config: { ...ctx.services.config, workerMetricsPort: undefined } });
+    try {
+      expect(other.metricsServer).toBeUndefined();
+    } finally {
+      await other.close();
+    }
   });
 });
