@@ -110,7 +110,7 @@ describe('worker process metrics (WORKER_METRICS_PORT)', () => {
     expect(await ready.json()).toMatchObject({ status: 'ready', checks: { postgres: 'up', redis: 'up' } });
     const missing = await fetch(`${base}/api/v2/tokens`);
     expect(missing.status).toBe(404);
-    expect((await missing.json()).name).toBe('not_found');
+    expect(((await missing.json()) as { name: string }).name).toBe('not_found');
   });
 
   it('counts failed attempts by queue', async () => {
@@ -141,7 +141,7 @@ describe('PostgreSQL goes away', () => {
     expect(body).toMatch(/^mailroom_jobs_deferred_total\{queue="maintenance"\} [1-9]/m);
     const ready = await fetch(`http://127.0.0.1:${metricsServer.port}/readyz`);
     expect(ready.status).toBe(503);
-    expect((await ready.json()).checks.postgres).toBe('down');
+    expect(((await ready.json()) as { checks: { postgres: string } }).checks.postgres).toBe('down');
 
     await pgProxy.restore();
     await waitFor('pg-down-1 completed', async () => (await state('pg-down-1')) === 'completed', 15_000);
