@@ -106,6 +106,8 @@ describe('GET /metrics (contract 14)', () => {
     const fresh = createMetrics({ producer: ctx.services.producer, orm: ctx.services.orm, logger: ctx.services.logger });
     const body = await fresh.registry.metrics();
     for (const row of rows) expect(sample(body, 'mailroom_emails', { status: row.status })).toBe(Number(row.count));
+    // Campaigns by status, by the same mechanism (SENDING = fan-outs under way).
+    expect(body).toContain('# TYPE mailroom_campaigns gauge');
     if (!hasTable) {
       expect(sample(body, 'mailroom_emails', { status: 'sent' })).toBe(2);
       await connection.execute('drop table emails');

@@ -72,8 +72,8 @@ const JOB_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300];
 // A scrape never waits on a dependency longer than this; the gauge is left empty instead.
 const COLLECT_TIMEOUT_MS = 2_000;
 // GROUP BY over the emails table is a scan: run it at most this often per process, and cap it.
-const EMAILS_QUERY_INTERVAL_MS = 30_000;
-const EMAILS_QUERY_TIMEOUT_MS = 2_000;
+const STATUS_QUERY_INTERVAL_MS = 30_000;
+const STATUS_QUERY_TIMEOUT_MS = 2_000;
 
 const QUEUE_STATES = ['waiting', 'active', 'delayed', 'failed', 'prioritized', 'paused'] as const;
 
@@ -126,7 +126,9 @@ export function createMetrics(sources: MetricsSources): Metrics {
   };
 
   registerQueueGauge(registry, sources);
-  registerEmailsGauge(registry, sources);
+  registerStatusGauge(registry, sources, 'emails', 'Emails by status, read from PostgreSQL (at most every 30 s per process)');
+  // SENDING is the number of campaigns whose fan-out is under way.
+  registerStatusGauge(registry, sources, 'campaigns', 'Campaigns by status, read from PostgreSQL (at most every 30 s per process)');
   return metrics;
 }
 
@@ -156,11 +158,11 @@ function registerQueueGauge(registry: Registry, { producer, logger }: MetricsSou
 }
 
 /**
- * Emails by their `status` column, once the emails feature has created the table; nothing
- * before. Cached for EMAILS_QUERY_INTERVAL_MS and capped by a statement timeout, because a
- * GROUP BY over a large table is not free.
+ * Rows of a feature's table by their `status` column, once the feature has created the
+ * table; no sample before. Cached for STATUS_QUERY_INTERVAL_MS and capped by a statement
+ * timeout, because a GROUP BY over a large table (emails) is not free.
  */
-function registerEmailsGauge(registry: Registry, { orm, logger }: MetricsSources): void {
+function registerStatusGauge(registry: Registry, { orm, logger }: MetricsSources, table: 'emails' | 'campaigns', help: string): void {
   let tableReady = false;
   let last: { at: number; rows: Array<{ status: string; count: string | number }> } | undefined;
 
@@ -168,29 +170,31 @@ function registerEmailsGauge(registry: Registry, { orm, logger }: MetricsSources
     if (!tableReady) {
       const found = await orm.em.fork().execute<Array<{ found: boolean }>>(
         `select exists (select 1 from information_schema.columns
-           where table_schema = current_schema() and table_name = 'emails' and column_name = 'status') as found`,
+           where table_schema = current_schema() and table_name = ? and column_name = 'status') as found`,
+        [table],
       );
       tableReady = Boolean(found[0]?.found);
       if (!tableReady) return [];
     }
     return orm.em.fork().transactional(async (em) => {
-      await em.execute(`set local statement_timeout = ${EMAILS_QUERY_TIMEOUT_MS}`);
-      return em.execute<Array<{ status: string; count: string }>>('select status, count(*) as count from emails group by status');
+      await em.execute(`set local statement_timeout = ${STATUS_QUERY_TIMEOUT_MS}`);
+      // `table` is one of two constants, never input.
+      return em.execute<Array<{ status: string; count: string }>>(`select status, count(*) as count from ${table} group by status`);
     });
   }
 
   new Gauge({
-    name: 'mailroom_emails',
-    help: 'Emails by status, read from PostgreSQL (at most every 30 s per process)',
+    name: `mailroom_${table}`,
+    help,
     labelNames: ['status'],
     registers: [registry],
     async collect() {
       const now = Date.now();
-      if (!last || now - last.at >= EMAILS_QUERY_INTERVAL_MS) {
+      if (!last || now - last.at >= STATUS_QUERY_INTERVAL_MS) {
         try {
-          last = { at: now, rows: await withTimeout(query(), COLLECT_TIMEOUT_MS + EMAILS_QUERY_TIMEOUT_MS) };
+          last = { at: now, rows: await withTimeout(query(), COLLECT_TIMEOUT_MS + STATUS_QUERY_TIMEOUT_MS) };
         } catch (error) {
-          logger.debug({ err: error }, 'metrics: emails by status unavailable');
+          logger.debug({ err: error, table }, 'metrics: rows by status unavailable');
           last = undefined;
           this.reset();
           return;
