@@ -3,8 +3,10 @@ import swaggerUi from '@fastify/swagger-ui';
 import Fastify, { LogController, type FastifyBaseLogger } from 'fastify';
 import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
+import { adminDashboard } from './plugins/admin.js';
 import { authHook, TokenCache } from './plugins/auth.js';
 import { registerErrorHandling } from './plugins/errors.js';
+import { registerMetrics } from './plugins/metrics.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
 import type { App } from './types.js';
@@ -43,6 +45,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     void reply.header('x-request-id', request.id);
   });
   registerErrorHandling(app);
+  registerMetrics(app);
 
   await app.register(swagger, {
     openapi: {
@@ -61,6 +64,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(swaggerUi, { routePrefix: '/docs' });
 
   await app.register(healthRoutes);
+  await app.register(adminDashboard);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();

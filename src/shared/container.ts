@@ -4,6 +4,7 @@ import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
 import { createDns, type DnsService } from './dns/resolver.js';
 import type { Logger } from './logger.js';
+import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
 import { createRedis } from './redis.js';
 
@@ -23,22 +24,26 @@ export interface Services {
   clock: () => Date;
   /** Redis-cached DNS (DNS_SERVERS); `dns.fresh` bypasses the cache. */
   dns: DnsService;
+  /** This process's Prometheus registry and the counters features record into. */
+  metrics: Metrics;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
   const orm = await initOrm({ databaseUrl: config.databaseUrl, logger });
   const redis = createRedis(config.redisUrl, 'producer');
   redis.on('error', (error) => logger.debug({ err: error }, 'redis connection error'));
+  const producer = new QueueProducer(redis, config.redisPrefix);
   return {
     config,
     logger,
     orm,
     redis,
-    producer: new QueueProducer(redis, config.redisPrefix),
+    producer,
     box: new SecretBox(config.secretKey),
     signer: new LinkSigner(config.secretKey),
     clock: () => new Date(),
     dns: await createDns(redis, config, { logger }),
+    metrics: createMetrics({ producer, orm, logger }),
   };
 }
 

@@ -28,4 +28,4 @@ const CONNECTION_CODES = new Set([
 ]);
 
 const CONNECTION_MESSAGES =
-  /enableOfflineQueue|Connection is closed|Connection terminated|connection timeout|timeout exceeded when trying to connect|Knex: Timeout acquiring a connection|Client has encountered a connection error|the database system is (starting up|shutting down)/i;
+  /enableOfflineQueue|Connection is closed|Command timed out|Connection terminated|connection timeout|timeout exceeded when trying to connect|Knex: Timeout acquiring a connection|Client has encountered a connection error|the database system is (starting up|shutting down)/i;

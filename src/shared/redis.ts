@@ -1,5 +1,8 @@
 import { Redis, type RedisOptions } from 'ioredis';
 
+// How long the fail-fast connection waits for a reply before the command fails (then 503).
+const PRODUCER_COMMAND_TIMEOUT_MS = 3_000;
+
 /**
  * Two kinds of connection (STYLE 12):
  * - `producer` (API, CLI): fails fast while Redis is down, so a request is answered 503
@@ -15,7 +18,9 @@ export function createRedis(url: string, role: 'producer' | 'worker'): Redis {
   };
   const options: RedisOptions =
     role === 'producer'
-      ? { ...common, enableOfflineQueue: false, maxRetriesPerRequest: 1 }
+      ? // commandTimeout: a Redis that accepts the connection but answers nothing (a hung
+        // host, a full network buffer) is a 503 after this long, not a request that hangs.
+        { ...common, enableOfflineQueue: false, maxRetriesPerRequest: 1, commandTimeout: PRODUCER_COMMAND_TIMEOUT_MS }
       : { ...common, enableOfflineQueue: true, maxRetriesPerRequest: null };
   return new Redis(url, options);
 }

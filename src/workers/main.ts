@@ -3,16 +3,24 @@ import { bootConfig, onShutdown } from '../shared/boot.js';
 import { closeServices, createServices, type Services } from '../shared/container.js';
 import { createRedis } from '../shared/redis.js';
 import { processors } from './index.js';
+import { startMetricsServer, type MetricsServer } from './metrics-server.js';
 import { startWorkers, type RunningWorkers } from './runner.js';
 
-export async function startWorkerProcess(services: Services): Promise<{ running: RunningWorkers; close(): Promise<void> }> {
+export async function startWorkerProcess(
+  services: Services,
+): Promise<{ running: RunningWorkers; metricsServer?: MetricsServer; close(): Promise<void> }> {
   const connection = createRedis(services.config.redisUrl, 'worker');
   connection.on('error', (error) => services.logger.debug({ err: error }, 'worker redis error'));
   const running = await startWorkers(services, connection, processors, services.config.workerQueues);
   services.logger.info({ queues: running.queues }, 'workers started');
+  const port = services.config.workerMetricsPort;
+  const metricsServer = port === undefined ? undefined : await startMetricsServer(services, port, () => running.paused);
+  if (metricsServer) services.logger.info({ port: metricsServer.port }, 'worker metrics listening');
   return {
     running,
+    metricsServer,
     async close() {
+      await metricsServer?.close();
       await running.close();
       connection.disconnect();
     },

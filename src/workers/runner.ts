@@ -1,8 +1,10 @@
 import { RequestContext } from '@mikro-orm/core';
 import type { EntityManager } from '@mikro-orm/postgresql';
-import { Worker, type Job, type WorkerOptions } from 'bullmq';
+import { DelayedError, Worker, type Job, type WorkerOptions } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Services } from '../shared/container.js';
+import { dependencyStatus, downDependencies } from '../shared/dependencies.js';
+import { isDependencyDown } from '../shared/dependency-errors.js';
 import type { Logger } from '../shared/logger.js';
 import { bullPrefix } from '../shared/queues/producer.js';
 import { parsePayload, type JobName, type JobPayload, type QueueName } from '../shared/queues/registry.js';
@@ -35,6 +37,8 @@ export function defineProcessor<Q extends QueueName>(processor: QueueProcessor<Q
 export interface RunningWorkers {
   queues: QueueName[];
   workers: Worker[];
+  /** True while this process has stopped taking jobs because PostgreSQL or Redis is down. */
+  readonly paused: boolean;
   /** Stops taking jobs, waits for the active ones to finish, closes connections. */
   close(): Promise<void>;
 }
@@ -54,16 +58,43 @@ export async function startWorkers(
   if (unknown.length > 0) throw new Error(`WORKER_QUEUES: unknown queue ${unknown.join(', ')}`);
 
   const workers: Worker[] = [];
+  const guard = new DependencyGuard(services, workers);
   for (const processor of chosen) {
+    const queue = processor.queue;
+    services.metrics.workerPaused.set({ queue }, 0);
     const worker = new Worker(
-      processor.queue,
-      async (job) => {
-        const log = services.logger.child({ queue: processor.queue, job: job.name, jobId: job.id, attempt: job.attemptsMade + 1 });
-        const handler = (processor.handlers as Record<string, JobHandler<QueueName, never>>)[job.name];
-        if (!handler) throw new Error(`no handler for job ${job.name} on queue ${processor.queue}`);
-        const payload = parsePayload(processor.queue, job.name, job.data) as never;
-        const em = services.orm.em.fork();
-        return RequestContext.create(em, () => handler(payload, { services, em, log, job }));
+      queue,
+      async (job, token) => {
+        // Taken after the guard tripped (a blocking fetch already under way): put it back untouched.
+        if (guard.down) {
+          services.metrics.jobsDeferred.inc({ queue });
+          return deferJob(job, token, undefined);
+        }
+        const log = services.logger.child({ queue, job: job.name, jobId: job.id, attempt: job.attemptsMade + 1 });
+        const stopTimer = services.metrics.jobDuration.startTimer({ queue });
+        try {
+          const handler = (processor.handlers as Record<string, JobHandler<QueueName, never>>)[job.name];
+          if (!handler) throw new Error(`no handler for job ${job.name} on queue ${queue}`);
+          const payload = parsePayload(queue, job.name, job.data) as never;
+          const em = services.orm.em.fork();
+          const result = await RequestContext.create(em, () => handler(payload, { services, em, log, job }));
+          stopTimer({ outcome: 'completed' });
+          services.metrics.jobsCompleted.inc({ queue });
+          return result;
+        } catch (error) {
+          if (!isDependencyDown(error)) {
+            stopTimer({ outcome: 'failed' });
+            services.metrics.jobsFailed.inc({ queue });
+            throw error;
+          }
+          // PostgreSQL or Redis is down: the job is not at fault, so it must not spend an
+          // attempt. Stop taking jobs until both answer, and put this one back for later.
+          stopTimer({ outcome: 'deferred' });
+          services.metrics.jobsDeferred.inc({ queue });
+          log.warn({ err: error }, 'dependency down: job put back, worker pausing');
+          guard.trip();
+          return deferJob(job, token, error);
+        }
       },
       {
         ...processor.workerOptions,
@@ -74,9 +105,11 @@ export async function startWorkers(
       },
     );
     worker.on('failed', (job, error) => {
-      services.logger.warn({ queue: processor.queue, jobId: job?.id, err: error }, 'job failed');
+      services.logger.warn({ queue, jobId: job?.id, err: error }, 'job failed');
     });
-    worker.on('error', (error) => services.logger.debug({ queue: processor.queue, err: error }, 'worker connection error'));
+    worker.on('error', (error) => services.logger.debug({ queue, err: error }, 'worker connection error'));
+    worker.on('paused', () => services.metrics.workerPaused.set({ queue }, 1));
+    worker.on('resumed', () => services.metrics.workerPaused.set({ queue }, 0));
     workers.push(worker);
   }
   for (const processor of chosen) await processor.onStart?.(services);
@@ -84,8 +117,87 @@ export async function startWorkers(
   return {
     queues: chosen.map((p) => p.queue),
     workers,
+    get paused() {
+      return guard.down;
+    },
     async close() {
+      guard.stop();
       await Promise.all(workers.map((w) => w.close()));
     },
   };
+}
+
+// A put-back job becomes due again after this long. Workers of this process stay paused
+// until the dependencies answer anyway; this only spaces out other processes' retries.
+const DEFER_MS = 1_000;
+
+/**
+ * Moves the job to the delayed set without counting an attempt (BullMQ's manual delay
+ * pattern: moveToDelayed, then DelayedError so the worker neither completes nor fails it).
+ * With Redis down the move waits on the worker connection until Redis is back; if the job's
+ * lock was lost meanwhile, BullMQ's stalled-job check puts it back in the queue instead.
+ */
+async function deferJob(job: Job, token: string | undefined, cause: unknown): Promise<never> {
+  try {
+    await job.moveToDelayed(Date.now() + DEFER_MS, token);
+  } catch (moveError) {
+    throw cause ?? moveError;
+  }
+  throw new DelayedError();
+}
+
+// Polling while a dependency is down: first soon, then backing off to every 5 s.
+const POLL_FIRST_MS = 250;
+const POLL_MAX_MS = 5_000;
+
+/**
+ * Pauses every Worker of this process while PostgreSQL or Redis is down, and resumes them
+ * when both answer again. Tripped by a job that failed with a dependency error; it then
+ * polls the dependencies itself, so no job is taken (and failed) just to find out.
+ */
+class DependencyGuard {
+  private tripped = false;
+  private stopped = false;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly services: Services,
+    private readonly workers: Worker[],
+  ) {}
+
+  get down(): boolean {
+    return this.tripped;
+  }
+
+  trip(): void {
+    if (this.tripped || this.stopped) return;
+    this.tripped = true;
+    this.services.logger.warn('a dependency is down: workers stop taking jobs until PostgreSQL and Redis answer');
+    for (const worker of this.workers) void worker.pause(true).catch(() => {});
+    this.schedule(POLL_FIRST_MS);
+  }
+
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.timer);
+  }
+
+  private schedule(delayMs: number): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => void this.poll(delayMs), delayMs);
+  }
+
+  private async poll(lastDelayMs: number): Promise<void> {
+    const status = await dependencyStatus(this.services);
+    if (this.stopped) return;
+    const down = downDependencies(status);
+    if (down.length > 0) {
+      this.services.logger.debug({ down }, 'dependency still down');
+      this.schedule(Math.min(lastDelayMs * 2, POLL_MAX_MS));
+      return;
+    }
+    this.tripped = false;
+    this.services.logger.info('PostgreSQL and Redis answer again: workers resume');
+    for (const worker of this.workers) worker.resume();
+  }
 }

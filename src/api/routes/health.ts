@@ -1,34 +1,9 @@
 import { z } from 'zod';
-import type { Services } from '../../shared/container.js';
+import { dependencyStatus, downDependencies } from '../../shared/dependencies.js';
 import { errorBody } from '../plugins/errors.js';
 import type { App } from '../types.js';
 
-const READY_TIMEOUT_MS = 2_000;
-
-async function probe(check: () => Promise<unknown>): Promise<'up' | 'down'> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    await Promise.race([
-      check(),
-      new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new Error('timeout')), READY_TIMEOUT_MS);
-      }),
-    ]);
-    return 'up';
-  } catch {
-    return 'down';
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-export async function dependencyStatus(services: Services) {
-  const [postgres, redis] = await Promise.all([
-    probe(() => services.orm.em.fork().getConnection().execute('select 1')),
-    probe(() => services.redis.ping()),
-  ]);
-  return { postgres, redis };
-}
+export { dependencyStatus };
 
 export async function healthRoutes(app: App): Promise<void> {
   app.get(
@@ -39,8 +14,9 @@ export async function healthRoutes(app: App): Promise<void> {
 
   app.get('/readyz', { schema: { hide: true } }, async (_request, reply) => {
     const checks = await dependencyStatus(app.services);
-    const down = Object.entries(checks).filter(([, state]) => state === 'down').map(([name]) => name);
+    const down = downDependencies(checks);
     if (down.length === 0) return { status: 'ready', checks };
+    void reply.header('Retry-After', '5');
     return reply.code(503).send({
       ...errorBody(503, 'service_unavailable', `Unavailable: ${down.join(', ')}`),
       checks,

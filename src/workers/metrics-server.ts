@@ -1,0 +1,70 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Services } from '../shared/container.js';
+import { dependencyStatus, downDependencies } from '../shared/dependencies.js';
+import { isOperator, OPERATOR_CHALLENGE } from '../shared/operator-auth.js';
+
+export interface MetricsServer {
+  port: number;
+  close(): Promise<void>;
+}
+
+/**
+ * The HTTP side of a worker process (WORKER_METRICS_PORT), on HOST: `GET /metrics` (same
+ * rule as the API: basic auth as admin when ADMIN_PASSWORD is set), `GET /healthz` and
+ * `GET /readyz` (503 while PostgreSQL or Redis is down or the workers are paused).
+ * Workers never answer the API; this is all they serve.
+ */
+export async function startMetricsServer(services: Services, port: number, isPaused: () => boolean): Promise<MetricsServer> {
+  const { metrics, config } = services;
+  const json = (status: number, body: unknown) => ({ status, type: 'application/json', body: JSON.stringify(body) });
+
+  async function answer(method: string, url: string, authorization: string | undefined) {
+    const path = url.split('?')[0];
+    if (method !== 'GET' && method !== 'HEAD') return json(405, { name: 'method_not_allowed', message: 'GET only', statusCode: 405 });
+    if (path === '/healthz') return json(200, { status: 'ok' });
+    if (path === '/readyz') {
+      const checks = await dependencyStatus(services);
+      const down = downDependencies(checks);
+      if (down.length === 0 && !isPaused()) return json(200, { status: 'ready', checks });
+      const message = down.length > 0 ? `Unavailable: ${down.join(', ')}` : 'Workers paused: waiting for dependencies';
+      return json(503, { name: 'service_unavailable', message, statusCode: 503, checks });
+    }
+    if (path === '/metrics') {
+      if (config.adminPassword && !isOperator(authorization, config.adminPassword)) {
+        return { ...json(401, { name: 'unauthorized', message: 'Operator credentials required', statusCode: 401 }), challenge: true };
+      }
+      return { status: 200, type: metrics.registry.contentType, body: await metrics.registry.metrics() };
+    }
+    return json(404, { name: 'not_found', message: `No route ${method} ${path}`, statusCode: 404 });
+  }
+
+  const server: Server = createServer((request, response) => {
+    answer(request.method ?? 'GET', request.url ?? '/', request.headers.authorization).then(
+      (result) => {
+        const headers: Record<string, string> = { 'content-type': result.type };
+        if ('challenge' in result) headers['www-authenticate'] = OPERATOR_CHALLENGE;
+        response.writeHead(result.status, headers).end(request.method === 'HEAD' ? undefined : result.body);
+      },
+      (error: unknown) => {
+        services.logger.error({ err: error }, 'worker metrics request failed');
+        response.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ name: 'internal_error', message: 'Internal error', statusCode: 500 }));
+      },
+    );
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, config.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  return {
+    port: (server.address() as AddressInfo).port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
