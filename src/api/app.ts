@@ -5,6 +5,7 @@ import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTyp
 import type { Services } from '../shared/container.js';
 import { authHook, TokenCache } from './plugins/auth.js';
 import { registerErrorHandling } from './plugins/errors.js';
+import { confirmRoutes } from './routes/confirm.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
 import type { App } from './types.js';
@@ -61,6 +62,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(swaggerUi, { routePrefix: '/docs' });
 
   await app.register(healthRoutes);
+  await app.register(confirmRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();

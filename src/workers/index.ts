@@ -1,5 +1,11 @@
 import { maintenanceProcessor } from './maintenance.js';
 import type { QueueProcessor } from './runner.js';
+import { subscribersProcessor } from './subscribers.js';
+import { workflowsProcessor } from './workflows.js';
 
 /** Every queue consumer of the service; each feature appends its own. */
-export const processors: QueueProcessor[] = [maintenanceProcessor as QueueProcessor];
+export const processors: QueueProcessor[] = [
+  maintenanceProcessor as QueueProcessor,
+  subscribersProcessor as QueueProcessor,
+  workflowsProcessor as QueueProcessor,
+];

@@ -1,5 +1,8 @@
 import type { App } from '../types.js';
+import { eventsRoutes } from './events.js';
+import { subscribersRoutes } from './subscribers.js';
+import { tagsRoutes } from './tags.js';
 import { tokensRoutes } from './tokens.js';
 
 /** The authenticated /api/v2 modules; each feature appends its own. */
-export const v2Routes: Array<(app: App) => Promise<void>> = [tokensRoutes];
+export const v2Routes: Array<(app: App) => Promise<void>> = [tokensRoutes, subscribersRoutes, tagsRoutes, eventsRoutes];

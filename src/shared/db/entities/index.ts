@@ -1,8 +1,14 @@
 import { ApiTokenSchema } from './api-token.js';
 import { OrganizationSchema } from './organization.js';
+import { SubscriberEventSchema } from './subscriber-event.js';
+import { SubscriberSchema } from './subscriber.js';
+import { SubscriberTagSchema, TagSchema } from './tag.js';
 
 export { ApiToken } from './api-token.js';
 export { Organization } from './organization.js';
+export { Subscriber, SUBSCRIBER_STATUSES, type SubscriberStatus } from './subscriber.js';
+export { SubscriberEvent } from './subscriber-event.js';
+export { SubscriberTag, Tag } from './tag.js';
 
 /** Every entity of the service; each feature appends its own. */
-export const entities = [OrganizationSchema, ApiTokenSchema];
+export const entities = [OrganizationSchema, ApiTokenSchema, SubscriberSchema, TagSchema, SubscriberTagSchema, SubscriberEventSchema];
