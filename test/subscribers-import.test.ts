@@ -38,8 +38,11 @@ function get(ref: string) {
 describe('cli subscribers import (contract 1)', () => {
   it('upserts rows with tags and custom fields and prints a summary', async () => {
     // An existing contact: its tag stays, its fields merge, it is re-subscribed.
-    await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(org.token), payload: { email: 'old@example.com', tags: ['kept'], fields: { city: 'Lyon', plan: 'free' }, skipDoubleOptIn: true } });
-    await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/old@example.com/unsubscribe', headers: bearer(org.token) });
+    const setup = [
+      await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(org.token), payload: { email: 'old@example.com', tags: ['kept'], fields: { city: 'Lyon', plan: 'free' }, skipDoubleOptIn: true } }),
+      await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/old@example.com/unsubscribe', headers: bearer(org.token) }),
+    ];
+    expect(setup.map((r) => r.statusCode), setup.map((r) => r.body).join('\n')).toEqual([200, 200]);
     const file = join(dir, 'people.csv');
     await writeFile(
       file,
@@ -55,7 +58,7 @@ describe('cli subscribers import (contract 1)', () => {
     const result = await cli(['subscribers', 'import', file, '--org', org.organizationId, '--json']);
     expect(result.code, result.stderr).toBe(0);
     const summary = JSON.parse(result.stdout);
-    expect(summary).toMatchObject({ rows: 5, created: 2, updated: 1, skipped: 1, warnings: 1 });
+    expect(summary, result.stderr).toMatchObject({ rows: 5, created: 2, updated: 1, skipped: 1, warnings: 1 });
     expect(result.stderr).toContain('invalid email address');
 
     const ann = (await get('ann@example.com')).json();

@@ -6,7 +6,15 @@ import type { QueueProducer } from '../queues/producer.js';
 import { cleanFields, cleanTagNames, normalizeEmail } from './input.js';
 import { byName, toRecord, type SubscriberRecord, type SubscriberRow, type TagRef } from './rows.js';
 import { nextStatus, UNSUBSCRIBABLE } from './states.js';
+import { inTransaction, rows, type Db } from './sql.js';
 import type { WorkflowEvent } from './workflow-events.js';
+
+/**
+ * Subscriber writes commit without waiting for the WAL flush (see sql.ts): an upsert by
+ * address is idempotent, so a client that saw no answer retries it, and waiting for one
+ * disk flush per request would cap creates at a few hundred a second on ordinary disks.
+ */
+const ASYNC_COMMIT = true;
 
 /** What the audience functions need, passed explicitly (STYLE 3). */
 export interface AudienceDeps {
@@ -36,13 +44,12 @@ export interface WriteResult {
   warnings: string[];
 }
 
-type Sql = Pick<EntityManager, 'execute'>;
 
-async function rows<T>(em: Sql, sql: string, params: unknown[] = []): Promise<T[]> {
-  return (await em.execute(sql, params as never[])) as T[];
-}
-
-/** Arrays travel as one jsonb parameter (the SQL layer would spread a JS array into a list). */
+/**
+ * Arrays travel as one jsonb parameter (the SQL layer would spread a JS array into a list)
+ * and are compared with `= any(array(select ...))`, which the planner turns into an index
+ * lookup; `in (select ...)` would scan the whole table.
+ */
 function jsonArray(values: readonly string[]): string {
   return JSON.stringify(values);
 }
@@ -59,7 +66,7 @@ function isUniqueViolation(error: unknown): boolean {
 // ---------------------------------------------------------------- lookups
 
 /** `:subscriber` of a path: an id or an address (contract 6). Optionally locks the row. */
-export async function findSubscriberRow(em: Sql, organizationId: string, ref: string, lock = false): Promise<SubscriberRow | null> {
+export async function findSubscriberRow(em: Db, organizationId: string, ref: string, lock = false): Promise<SubscriberRow | null> {
   const byId = isId(ref, 'sub');
   const found = await rows<SubscriberRow>(
     em,
@@ -69,19 +76,19 @@ export async function findSubscriberRow(em: Sql, organizationId: string, ref: st
   return found[0] ?? null;
 }
 
-async function requireSubscriberRow(em: Sql, organizationId: string, ref: string, lock = false): Promise<SubscriberRow> {
+async function requireSubscriberRow(em: Db, organizationId: string, ref: string, lock = false): Promise<SubscriberRow> {
   const row = await findSubscriberRow(em, organizationId, ref, lock);
   if (!row) throw new NotFoundError(`No subscriber ${ref}`);
   return row;
 }
 
-export async function tagsOf(em: Sql, subscriberIds: readonly string[]): Promise<Map<string, TagRef[]>> {
+export async function tagsOf(em: Db, subscriberIds: readonly string[]): Promise<Map<string, TagRef[]>> {
   const result = new Map<string, TagRef[]>(subscriberIds.map((id) => [id, []]));
   if (subscriberIds.length === 0) return result;
   const found = await rows<{ subscriber_id: string; id: string; name: string }>(
     em,
     `select st.subscriber_id, t.id, t.name from subscriber_tags st join tags t on t.id = st.tag_id
-      where st.subscriber_id in (select jsonb_array_elements_text(?::jsonb))`,
+      where st.subscriber_id = any(array(select jsonb_array_elements_text(?::jsonb)))`,
     [jsonArray(subscriberIds)],
   );
   for (const row of found) result.get(row.subscriber_id)?.push({ id: row.id, name: row.name });
@@ -101,21 +108,28 @@ export async function getSubscriber(em: EntityManager, organizationId: string, r
  * case) so two writers creating the same tags never wait on each other in a cycle; a tag a
  * concurrent transaction is creating is waited for, then read once it is committed.
  */
-export async function ensureTags(em: Sql, organizationId: string, names: readonly string[], now: Date): Promise<TagRef[]> {
+export async function ensureTags(em: Db, organizationId: string, names: readonly string[], now: Date): Promise<TagRef[]> {
   if (names.length === 0) return [];
   const sorted = [...names].sort((a, b) => (a.toLowerCase() < b.toLowerCase() ? -1 : 1));
+  const select = () =>
+    rows<TagRef>(
+      em,
+      `select id, name from tags where organization_id = ? and lower(name) = any(array(select lower(jsonb_array_elements_text(?::jsonb))))`,
+      [organizationId, jsonArray(sorted)],
+    );
+  // Most writes name tags that exist: one read, and no insert at all.
+  const found = await select();
+  const have = new Set(found.map((t) => t.name.toLowerCase()));
+  const missing = sorted.filter((name) => !have.has(name.toLowerCase()));
+  if (missing.length === 0) return found;
   await rows(
     em,
     `insert into tags (id, organization_id, name, created_at, updated_at)
      select n.id, ?, n.name, ?, ? from jsonb_to_recordset(?::jsonb) as n(id text, name text, ord int) order by n.ord
      on conflict (organization_id, lower(name)) do nothing`,
-    [organizationId, now, now, JSON.stringify(sorted.map((name, ord) => ({ id: newId('tag'), name, ord })))],
+    [organizationId, now, now, JSON.stringify(missing.map((name, ord) => ({ id: newId('tag'), name, ord })))],
   );
-  return rows<TagRef>(
-    em,
-    `select id, name from tags where organization_id = ? and lower(name) in (select lower(jsonb_array_elements_text(?::jsonb)))`,
-    [organizationId, jsonArray(sorted)],
-  );
+  return select();
 }
 
 interface TagChanges {
@@ -123,7 +137,7 @@ interface TagChanges {
   removed: TagRef[];
 }
 
-async function attachTags(em: Sql, subscriberId: string, tags: readonly TagRef[], now: Date): Promise<TagRef[]> {
+async function attachTags(em: Db, subscriberId: string, tags: readonly TagRef[], now: Date): Promise<TagRef[]> {
   if (tags.length === 0) return [];
   const inserted = await rows<{ tag_id: string }>(
     em,
@@ -136,23 +150,23 @@ async function attachTags(em: Sql, subscriberId: string, tags: readonly TagRef[]
   return tags.filter((t) => ids.has(t.id));
 }
 
-async function detachTags(em: Sql, subscriberId: string, where: 'keep' | 'drop', tagIds: readonly string[]): Promise<TagRef[]> {
+async function detachTags(em: Db, subscriberId: string, where: 'keep' | 'drop', tagIds: readonly string[]): Promise<TagRef[]> {
   return rows<TagRef>(
     em,
     `with gone as (
        delete from subscriber_tags where subscriber_id = ?
-         and tag_id ${where === 'keep' ? 'not in' : 'in'} (select jsonb_array_elements_text(?::jsonb))
+         and ${where === 'keep' ? 'not' : ''} (tag_id = any(array(select jsonb_array_elements_text(?::jsonb))))
        returning tag_id)
      select t.id, t.name from gone join tags t on t.id = gone.tag_id`,
     [subscriberId, jsonArray(tagIds)],
   );
 }
 
-async function tagIdsByName(em: Sql, organizationId: string, names: readonly string[]): Promise<string[]> {
+async function tagIdsByName(em: Db, organizationId: string, names: readonly string[]): Promise<string[]> {
   if (names.length === 0) return [];
   const found = await rows<{ id: string }>(
     em,
-    `select id from tags where organization_id = ? and lower(name) in (select lower(jsonb_array_elements_text(?::jsonb)))`,
+    `select id from tags where organization_id = ? and lower(name) = any(array(select lower(jsonb_array_elements_text(?::jsonb))))`,
     [organizationId, jsonArray(names)],
   );
   return found.map((r) => r.id);
@@ -204,10 +218,11 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
 
   let outcome: Outcome;
   try {
-    outcome = await deps.em.transactional(async (tx) => {
+    outcome = await inTransaction(deps.em, async (tx) => {
       const events: WorkflowEvent[] = [];
       let row: SubscriberRow | undefined;
       let doubleOptIn = false;
+      let created = false;
 
       if (operation === 'create') {
         const inserted = await rows<SubscriberRow>(tx, INSERT_NEW, [
@@ -224,6 +239,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
           organizationId,
         ]);
         row = inserted[0];
+        created = row !== undefined;
         if (row) {
           events.push({ name: 'subscriber.created', data: { status: row.status } });
           for (const [field, value] of Object.entries(fieldInput.set)) events.push({ name: 'subscriber.field_updated', data: { field, value } });
@@ -268,7 +284,8 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
         row = (await rows<SubscriberRow>(tx, 'update subscribers set updated_at = ? where id = ? returning *', [now, row.id]))[0];
       }
 
-      const tags = (await tagsOf(tx, [row.id])).get(row.id) ?? [];
+      // A new row has exactly the tags just attached; an existing one is read back.
+      const tags = created ? [...changes.added].sort(byName) : ((await tagsOf(tx, [row.id])).get(row.id) ?? []);
       // Field events after tag events, in name order.
       const fieldEvents = events.filter((e) => e.name === 'subscriber.field_updated');
       const ordered = [
@@ -276,7 +293,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
         ...fieldEvents.sort((a, b) => String(a.data.field).localeCompare(String(b.data.field))),
       ];
       return { row, tags, events: ordered, becamePending };
-    });
+    }, { asyncCommit: ASYNC_COMMIT });
   } catch (error) {
     if (isUniqueViolation(error) && newEmail !== undefined && operation === 'patch') {
       throw new ValidationError('Another subscriber already has this address', [{ path: 'email', message: 'is already taken' }]);
@@ -289,7 +306,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
 }
 
 async function updateExisting(
-  tx: Sql,
+  tx: Db,
   existing: SubscriberRow,
   request: WriteRequest,
   fieldInput: ReturnType<typeof cleanFields>,
