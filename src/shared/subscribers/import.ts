@@ -2,6 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { newId } from '../ids.js';
 import { cleanFields, cleanTagNames, EmailAddress } from './input.js';
 import { ensureTags } from './service.js';
+import { inTransaction, rows as query } from './sql.js';
 
 /**
  * Bulk import of subscribers (`cli subscribers import FILE.csv`). Semantics are those of
@@ -76,12 +77,13 @@ export async function importBatch(
   const rows = mergeByEmail(batch);
   if (rows.length === 0) return { created: 0, updated: 0 };
   const { now } = options;
-  return em.transactional(async (tx) => {
+  return inTransaction(em, async (tx) => {
     const tagNames = cleanTagNames(rows.flatMap((r) => r.tags)).names;
     const tags = await ensureTags(tx, organizationId, tagNames, now);
     const tagIds = new Map(tags.map((t) => [t.name.toLowerCase(), t.id]));
 
-    const upserted = (await tx.execute(
+    const upserted = await query<{ id: string; email: string; inserted: boolean }>(
+      tx,
       `insert into subscribers (id, organization_id, email, name, phone, status, fields, created_at, updated_at)
        select r.id, ?, r.email, r.name, r.phone, 'SUBSCRIBED', r.fields, ?, ?
          from jsonb_to_recordset(?::jsonb) as r(id text, email text, name text, phone text, fields jsonb)
@@ -105,7 +107,7 @@ export async function importBatch(
         options.resubscribe,
         options.resubscribe,
       ],
-    )) as Array<{ id: string; email: string; inserted: boolean }>;
+    );
 
     const idByEmail = new Map(upserted.map((r) => [r.email, r.id]));
     const pairs: Array<{ s: string; t: string }> = [];
@@ -118,7 +120,8 @@ export async function importBatch(
       }
     }
     if (pairs.length > 0) {
-      await tx.execute(
+      await query(
+        tx,
         `insert into subscriber_tags (subscriber_id, tag_id, created_at)
          select p.s, p.t, ? from jsonb_to_recordset(?::jsonb) as p(s text, t text)
          on conflict do nothing`,
@@ -127,5 +130,5 @@ export async function importBatch(
     }
     const created = upserted.filter((r) => r.inserted).length;
     return { created, updated: upserted.length - created };
-  });
+  }, { asyncCommit: true });
 }

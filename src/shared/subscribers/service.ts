@@ -6,7 +6,7 @@ import type { QueueProducer } from '../queues/producer.js';
 import { cleanFields, cleanTagNames, normalizeEmail } from './input.js';
 import { byName, toRecord, type SubscriberRecord, type SubscriberRow, type TagRef } from './rows.js';
 import { nextStatus, UNSUBSCRIBABLE } from './states.js';
-import { inTransaction, rows, type Db } from './sql.js';
+import { inTransaction, rows, withConnection, type Db } from './sql.js';
 import type { WorkflowEvent } from './workflow-events.js';
 
 /**
@@ -462,6 +462,10 @@ export async function listSubscribers(
   organizationId: string,
   q: ListSubscribersQuery,
 ): Promise<{ items: SubscriberRecord[]; hasMore: boolean }> {
+  return withConnection(em, (sql) => listOn(sql, organizationId, q));
+}
+
+async function listOn(em: Db, organizationId: string, q: ListSubscribersQuery): Promise<{ items: SubscriberRecord[]; hasMore: boolean }> {
   const where = ['s.organization_id = ?'];
   const params: unknown[] = [organizationId];
   if (q.after) {

@@ -44,6 +44,21 @@ export interface TransactionOptions {
   asyncCommit?: boolean;
 }
 
+/** Runs `work` on one pooled connection, outside any transaction (several reads in a row). */
+export async function withConnection<T>(em: EntityManager, work: (sql: Sql) => Promise<T>): Promise<T> {
+  const client = em.getKnex().client;
+  const connection = (await client.acquireConnection()) as PgConnection;
+  try {
+    return await work({
+      async query<R>(text: string, values: readonly unknown[] = []) {
+        return (await connection.query(toPg(text), values as unknown[])).rows as R[];
+      },
+    });
+  } finally {
+    await client.releaseConnection(connection);
+  }
+}
+
 /** Runs `work` in a transaction on one pooled connection; rolls back when it throws. */
 export async function inTransaction<T>(em: EntityManager, work: (sql: Sql) => Promise<T>, options: TransactionOptions = {}): Promise<T> {
   const client = em.getKnex().client;
