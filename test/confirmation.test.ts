@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRedis } from '../src/shared/redis.js';
+import { createRedis, waitForRedis } from '../src/shared/redis.js';
 import { buildConfirmationEmail, confirmationToken } from '../src/shared/subscribers/confirmation.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { subscribersProcessor } from '../src/workers/subscribers.js';
@@ -12,6 +12,8 @@ let connection: ReturnType<typeof createRedis>;
 
 beforeAll(async () => {
   ctx = await createTestContext({ PUBLIC_URL: 'https://mail.example.test' });
+  // The producer connection fails fast until it is ready (no offline queue): wait for it.
+  await waitForRedis(ctx.services.redis);
   ({ token } = await createOrg(ctx.services, { name: 'Acme News', doubleOptIn: true }));
   connection = createRedis(ctx.services.config.redisUrl, 'worker');
   workers = await startWorkers(ctx.services, connection, [subscribersProcessor]);

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRedis } from '../src/shared/redis.js';
+import { createRedis, waitForRedis } from '../src/shared/redis.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { workflowsProcessor } from '../src/workers/workflows.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
@@ -9,6 +9,8 @@ let token: string;
 
 beforeAll(async () => {
   ctx = await createTestContext();
+  // The producer connection fails fast until it is ready (no offline queue): wait for it.
+  await waitForRedis(ctx.services.redis);
   ({ token } = await createOrg(ctx.services));
 });
 afterAll(async () => ctx?.close());

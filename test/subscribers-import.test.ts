@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitForRedis } from '../src/shared/redis.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 
 const run = promisify(execFile);
@@ -13,6 +14,8 @@ let dir: string;
 
 beforeAll(async () => {
   ctx = await createTestContext();
+  // The producer connection fails fast until it is ready (no offline queue): wait for it.
+  await waitForRedis(ctx.services.redis);
   org = await createOrg(ctx.services, { doubleOptIn: true });
   dir = await mkdtemp(join(tmpdir(), 'mailroom-import-'));
 });

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitForRedis } from '../src/shared/redis.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 
 let ctx: TestContext;
@@ -6,6 +7,8 @@ let token: string;
 
 beforeAll(async () => {
   ctx = await createTestContext();
+  // The producer connection fails fast until it is ready (no offline queue): wait for it.
+  await waitForRedis(ctx.services.redis);
   ({ token } = await createOrg(ctx.services));
 });
 afterAll(async () => ctx?.close());
