@@ -95,5 +95,10 @@ describe('cli subscribers import (contract 1)', () => {
     expect(missing.code).toBe(1);
     const noOrg = await cli(['subscribers', 'import', file]);
     expect(noOrg.code).toBe(2);
+    const noEmail = join(dir, 'no-email.csv');
+    await writeFile(noEmail, 'name,phone\nAnn,1\n');
+    const noColumn = await cli(['subscribers', 'import', noEmail, '--org', org.organizationId]);
+    expect(noColumn.code).toBe(2);
+    expect(noColumn.stderr).toContain('no email column');
   });
 });

@@ -60,10 +60,15 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     const org = (await orm.em.fork().execute('select id from organizations where id = ?', [organizationId])) as unknown[];
     if (org.length === 0) throw new NotFoundError(`no organization ${organizationId}`);
 
+    let missingEmail = false;
     const parser = createReadStream(file).pipe(
       parse({
         bom: true,
-        columns: (header: string[]) => header.map((h) => h.trim().toLowerCase()),
+        columns: (header: string[]) => {
+          const columns = header.map((h) => h.trim().toLowerCase());
+          if (!columns.includes('email')) missingEmail = true;
+          return columns;
+        },
         skip_empty_lines: true,
         relax_column_count: true,
         trim: true,
@@ -79,6 +84,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
       batch = [];
     };
     for await (const record of parser as AsyncIterable<Record<string, string>>) {
+      if (missingEmail) throw usage('the CSV file has no email column (the first line must name the columns)');
       summary.rows++;
       const parsed = parseImportRecord(record);
       if ('error' in parsed) {
