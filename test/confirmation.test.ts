@@ -66,6 +66,10 @@ describe('double opt-in confirmation (contract 6, 10)', () => {
     const link = /https:\/\/mail\.example\.test\/confirm\/([A-Za-z0-9_.-]+)/.exec(message.markdown);
     expect(link).not.toBeNull();
 
+    const head = await ctx.app.inject({ method: 'HEAD', url: `/confirm/${link![1]}` });
+    expect(head.statusCode).toBe(404);
+    expect((await evidence(s.id))[0].status).toBe('PENDING_CONFIRMATION');
+
     const page = await ctx.app.inject({ url: `/confirm/${link![1]}`, headers: { 'user-agent': 'MailClient/1.0' }, remoteAddress: '198.51.100.4' });
     expect(page.statusCode).toBe(200);
     expect(page.headers['content-type']).toContain('text/html');

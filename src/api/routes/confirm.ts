@@ -24,7 +24,8 @@ const MESSAGES: Record<ConfirmOutcome, (org: string) => [string, string]> = {
 export async function confirmRoutes(app: App): Promise<void> {
   app.get(
     '/confirm/:token',
-    { schema: { hide: true, params: z.object({ token: z.string().max(1000) }) } },
+    // No automatic HEAD route: a link checker's HEAD request must not confirm anybody.
+    { exposeHeadRoute: false, schema: { hide: true, params: z.object({ token: z.string().max(1000) }) } },
     async (request, reply) => {
       const result = await confirmSubscription(request.em, app.services.signer, request.params.token, {
         ip: request.ip ?? null,
