@@ -133,7 +133,7 @@ export async function subscribersRoutes(app: App): Promise<void> {
           after: z.string().regex(/^sub_[0-9a-z]{26}$/, 'must be a subscriber id').optional(),
           status: Status.optional(),
           tag: z.string().min(1).max(100).optional(),
-          query: z.string().min(1).max(254).optional(),
+          query: z.string().max(254).optional().describe('Substring of the address or the name; empty means no filter'),
         }),
         response: { 200: listEnvelope(GetShape) },
       },
