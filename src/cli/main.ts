@@ -5,6 +5,7 @@ import { SecretBox } from '../shared/crypto.js';
 import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js';
 import { AppError } from '../shared/errors.js';
 import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
+import { subscribersImport } from './subscribers-import.js';
 
 const USAGE = `Usage: npm run --silent cli -- <command>
 
@@ -13,6 +14,10 @@ Operator commands (talk to the database directly):
   org create --name NAME [--double-opt-in] [--verify-quota N] [--json]
   org update ID [--name NAME] [--double-opt-in on|off] [--verify-quota N]
                 [--track-opens on|off] [--track-clicks on|off]
+  subscribers import FILE.csv --org ORG_ID [--no-resubscribe] [--json]
+                                            upsert subscribers from a CSV (columns email, name,
+                                            phone, tags separated by ; or |, other columns are
+                                            custom fields); progress on stderr, summary at the end
 `;
 
 class UsageError extends Error {}
@@ -129,6 +134,7 @@ export async function main(argv: string[]): Promise<number> {
     if (command === 'migrate') await runMigrate(config);
     else if (command === 'org' && sub === 'create') await orgCreate(config, rest);
     else if (command === 'org' && sub === 'update') await orgUpdate(config, rest);
+    else if (command === 'subscribers' && sub === 'import') await subscribersImport(config, rest, (m) => new UsageError(m));
     else if (!command || command === 'help' || command === '--help') process.stdout.write(USAGE);
     else throw new UsageError(`unknown command: ${argv.join(' ')}`);
     return 0;

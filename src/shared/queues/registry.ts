@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { workflowJobs } from '../subscribers/workflow-events.js';
 
 /**
  * Every queue of the service: queue name -> job name -> zod payload. The producer and the
@@ -16,6 +17,12 @@ export const queueRegistry = {
     // Every minute (job scheduler): checks the PENDING/VERIFIED domains that are due.
     'recheck-due': z.object({}),
   },
+  subscribers: {
+    // Double opt-in: build the confirmation email of a PENDING_CONFIRMATION subscriber.
+    'send-confirmation': z.object({ subscriberId: z.string() }),
+  },
+  // Subscriber change events (triggerWorkflows), one job per change; see subscribers/workflow-events.ts.
+  workflows: workflowJobs,
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;

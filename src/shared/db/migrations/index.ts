@@ -1,4 +1,5 @@
 import { Migration20261123000000Foundation } from './20261123000000-foundation.js';
+import { Migration20261123020000Audience } from './20261123020000-audience.js';
 import { Migration20261123030000Domains } from './20261123030000-domains.js';
 
 /**
@@ -7,5 +8,6 @@ import { Migration20261123030000Domains } from './20261123030000-domains.js';
  */
 export const migrationsList = [
   { name: 'Migration20261123000000Foundation', class: Migration20261123000000Foundation },
+  { name: 'Migration20261123020000Audience', class: Migration20261123020000Audience },
   { name: 'Migration20261123030000Domains', class: Migration20261123030000Domains },
 ];
