@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
+import { createDns, type DnsService } from './dns/resolver.js';
 import type { Logger } from './logger.js';
 import { QueueProducer } from './queues/producer.js';
 import { createRedis } from './redis.js';
@@ -20,6 +21,8 @@ export interface Services {
   box: SecretBox;
   signer: LinkSigner;
   clock: () => Date;
+  /** Redis-cached DNS (DNS_SERVERS); `dns.fresh` bypasses the cache. */
+  dns: DnsService;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -35,6 +38,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     box: new SecretBox(config.secretKey),
     signer: new LinkSigner(config.secretKey),
     clock: () => new Date(),
+    dns: await createDns(redis, config, { logger }),
   };
 }
 
