@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { DnsService } from '../src/shared/dns/resolver.js';
 import { ISSUE_CODES, type IssueCode } from '../src/shared/verification/codes.js';
@@ -515,5 +517,23 @@ describe('the code table (rules 5, 7, 8; contract 13)', () => {
         'domain_typo', 'role_based', 'spam_like', 'privacy_alias', 'suspicious_domain', 'catch_all',
       ].sort(),
     );
+  });
+});
+
+describe('cli verify EMAIL (contract 1)', () => {
+  it('verifies through the API with MAILROOM_URL and MAILROOM_TOKEN', async () => {
+    const address = await ctx.app.listen({ port: 0, host: '127.0.0.1' });
+    const run = (args: string[], extra: Record<string, string> = {}) =>
+      promisify(execFile)('node_modules/.bin/tsx', ['src/cli/main.ts', ...args], {
+        env: { ...ctx.env.env, MAILROOM_URL: address, MAILROOM_TOKEN: token, ...extra },
+      });
+    const json = await run(['verify', 'info@gamil.com', '--json']);
+    expect(JSON.parse(json.stdout)).toMatchObject({ object: 'email_verification', suggestion: 'info@gmail.com', score: 35 });
+    const text = await run(['verify', 'jane@acme.io']);
+    expect(text.stdout).toContain('jane@acme.io: risky, accepted, score 80');
+    await expect(run(['verify', 'jane@acme.io'], { MAILROOM_TOKEN: `svc_${'0'.repeat(64)}` })).rejects.toMatchObject({
+      code: 1,
+      stderr: expect.stringContaining('missing_api_key'),
+    });
   });
 });
