@@ -52,7 +52,7 @@ export async function verificationRoutes(app: App): Promise<void> {
         schema: { tags: ['verification'], summary, body: VerifyBody, response: { 200: VerificationSchema } },
       },
       async (request) =>
-        verifyEmail(verificationDeps(app.services, request.em), {
+        verifyEmail(verificationDeps(app.services), {
           organizationId: request.caller.organizationId,
           email: request.body.email,
         }),

@@ -1,5 +1,6 @@
-import type { EntityManager } from '@mikro-orm/postgresql';
 import { redisKey, type Services } from '../container.js';
+import { LocalRoutingCache } from './routing.js';
+import { VerificationStore } from './store.js';
 import type { VerificationDeps } from './verify.js';
 
 export { verifyEmail, type VerificationResult } from './verify.js';
@@ -13,21 +14,34 @@ export {
   recordSuppression,
 } from './history.js';
 
-const blockedSets = new WeakMap<Services, ReadonlySet<string>>();
+interface PerProcess {
+  blocked: ReadonlySet<string>;
+  store: VerificationStore;
+  localRouting: LocalRoutingCache;
+}
+const perProcess = new WeakMap<Services, PerProcess>();
 
-/** What verifyEmail needs, from the process's services and the caller's EntityManager fork. */
-export function verificationDeps(services: Services, em: EntityManager): VerificationDeps {
-  let blocked = blockedSets.get(services);
-  if (!blocked) {
-    blocked = new Set(services.config.verifyBlockedDomains);
-    blockedSets.set(services, blocked);
+/**
+ * What verifyEmail needs. The store batches statements across concurrent calls, so there is
+ * one per process (per Services), on a fork of its own used only for raw statements.
+ */
+export function verificationDeps(services: Services): VerificationDeps {
+  let own = perProcess.get(services);
+  if (!own) {
+    own = {
+      blocked: new Set(services.config.verifyBlockedDomains),
+      store: VerificationStore.forEntityManager(services.orm.em.fork()),
+      localRouting: new LocalRoutingCache(),
+    };
+    perProcess.set(services, own);
   }
   return {
-    em,
+    store: own.store,
     redis: services.redis,
     dns: services.dns,
     clock: services.clock,
     routingKey: (domain) => redisKey(services.config, 'verify', 'route', domain),
-    blockedDomains: blocked,
+    blockedDomains: own.blocked,
+    localRouting: own.localRouting,
   };
 }

@@ -69,13 +69,60 @@ export function routingTtl(domain: string, routing: Routing): number {
   return isPinnedProvider(domain) ? PINNED_ROUTE_TTL_SECONDS : ROUTE_TTL_SECONDS;
 }
 
+/**
+ * A small in-process copy of the Redis cache in front of it: the busiest domains (the big
+ * providers) then cost no round trip at all. Entries live at most a minute, so a change
+ * in Redis (expiry) is seen by every process soon after.
+ */
+export class LocalRoutingCache {
+  private readonly entries = new Map<string, { routing: Routing; expiresAt: number }>();
+
+  constructor(
+    private readonly ttlMs = 60_000,
+    private readonly max = 10_000,
+  ) {}
+
+  get(domain: string, now: number): Routing | undefined {
+    const entry = this.entries.get(domain);
+    if (entry && entry.expiresAt > now) return entry.routing;
+    if (entry) this.entries.delete(domain);
+    return undefined;
+  }
+
+  set(domain: string, routing: Routing, ttlSeconds: number, now: number): void {
+    if (this.entries.size >= this.max) {
+      const oldest = this.entries.keys().next().value;
+      if (oldest !== undefined) this.entries.delete(oldest);
+    }
+    this.entries.set(domain, { routing, expiresAt: now + Math.min(this.ttlMs, ttlSeconds * 1000) });
+  }
+}
+
+export interface RoutingDeps {
+  dns: DnsLookup;
+  redis: Redis;
+  cacheKey: (domain: string) => string;
+  local?: LocalRoutingCache;
+}
+
 /** Routing of `domain`, from the shared cache when there, else resolved and cached. */
-export async function lookupRouting(deps: { dns: DnsLookup; redis: Redis; cacheKey: (domain: string) => string }, domain: string): Promise<RoutingLookup> {
+export async function lookupRouting(deps: RoutingDeps, domain: string): Promise<RoutingLookup> {
+  const now = Date.now();
+  const local = deps.local?.get(domain, now);
+  if (local) return { ...local, cacheHit: true };
   const key = deps.cacheKey(domain);
-  const cached = await deps.redis.get(key);
-  if (cached) return { ...(JSON.parse(cached) as Routing), cacheHit: true };
+  const replies = await deps.redis.multi().get(key).ttl(key).exec();
+  const cached = (replies?.[0]?.[1] ?? null) as string | null;
+  const ttl = Number(replies?.[1]?.[1] ?? -1);
+  if (cached) {
+    const routing = JSON.parse(cached) as Routing;
+    if (ttl > 0) deps.local?.set(domain, routing, ttl, now);
+    return { ...routing, cacheHit: true };
+  }
   const routing = await resolveRouting(deps.dns, domain);
   if (routing.outcome === 'temporary') return { ...routing, cacheHit: false };
-  await deps.redis.set(key, JSON.stringify(routing), 'EX', routingTtl(domain, routing));
+  const seconds = routingTtl(domain, routing);
+  await deps.redis.set(key, JSON.stringify(routing), 'EX', seconds);
+  deps.local?.set(domain, routing, seconds, now);
   return { ...routing, cacheHit: false };
 }

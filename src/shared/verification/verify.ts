@@ -1,4 +1,3 @@
-import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Redis } from 'ioredis';
 import type { DnsLookup } from '../dns/types.js';
 import { newId } from '../ids.js';
@@ -17,8 +16,8 @@ import {
   isTestLocalPart,
   type DomainCategory,
 } from './lists.js';
-import { lookupRouting, type RoutingLookup } from './routing.js';
-import { consumeQuotaAndReadHistory, insertVerification } from './store.js';
+import { lookupRouting, type LocalRoutingCache, type RoutingLookup } from './routing.js';
+import type { VerificationStore } from './store.js';
 import { parseAddress } from './syntax.js';
 import { suggestDomain } from './typos.js';
 
@@ -29,12 +28,14 @@ import { suggestDomain } from './typos.js';
  * the score. Nothing here throws for a property of the address: every problem is an issue.
  */
 export interface VerificationDeps {
-  em: EntityManager;
+  store: VerificationStore;
   redis: Redis;
   dns: DnsLookup;
   clock: () => Date;
   /** Redis key of a domain's routing in the shared cache. */
   routingKey: (domain: string) => string;
+  /** The process's copy of the hottest routing entries. */
+  localRouting?: LocalRoutingCache;
   /** Operator blocklist (VERIFY_BLOCKED_DOMAINS): `spam_domain`. */
   blockedDomains: ReadonlySet<string>;
 }
@@ -203,12 +204,11 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
   const domain = parsed.ok ? parsed.domain : '';
 
   // Every call counts (contract 13), including invalid addresses.
-  const { quota, history } = await consumeQuotaAndReadHistory(deps.em, {
-    organizationId: input.organizationId,
-    month,
-    email: parsed.email,
-    domain,
-  });
+  // The history is read alongside, and ignored when the quota is exhausted (spec 3.5).
+  const [quota, history] = await Promise.all([
+    deps.store.consume(input.organizationId, month),
+    parsed.ok ? deps.store.readHistory(parsed.email, domain) : Promise.resolve(null),
+  ]);
   const skipped = !quota.consumed;
   let proven = false;
   let cacheHit = false;
@@ -228,7 +228,7 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
     }
     if (parsed.ok && !local.rejected) {
       try {
-        const routing = await lookupRouting({ dns: deps.dns, redis: deps.redis, cacheKey: deps.routingKey }, domain);
+        const routing = await lookupRouting({ dns: deps.dns, redis: deps.redis, cacheKey: deps.routingKey, local: deps.localRouting }, domain);
         cacheHit = routing.cacheHit;
         issues.push(...routingIssues(domain, routing));
         if (routing.outcome === 'temporary') {
@@ -251,7 +251,7 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
   const status: VerificationStatus = skipped ? 'skipped' : failed ? 'failed' : 'completed';
   const retryAt = ordered.some((i) => i.retryable) ? latest(retryAts) : null;
   const id = newId('ver');
-  await insertVerification(deps.em, {
+  await deps.store.save({
     id,
     organizationId: input.organizationId,
     email: parsed.email,
