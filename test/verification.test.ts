@@ -1,4 +1,5 @@
 import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { DnsService } from '../src/shared/dns/resolver.js';
@@ -13,6 +14,7 @@ import {
   recordSuppression,
 } from '../src/shared/verification/index.js';
 import { parseAddress } from '../src/shared/verification/syntax.js';
+import { VerificationStore } from '../src/shared/verification/store.js';
 import { suggestDomain } from '../src/shared/verification/typos.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
@@ -318,9 +320,9 @@ describe('DNS routing (rule 1)', () => {
     const again = await check('jane@flaky.io');
     expect(again.cache_hit).toBe(false);
     // Once the domain answers, the next check sees it.
-    dns.set('flaky.io', { mx: [{ priority: 10, exchange: 'mx.acme.io' }] });
-    await ctx.services.dns.fresh.mx('flaky.io');
-    expect(await check('jane@flaky.io')).toMatchObject({ result: 'risky', score: 80, issues: [] });
+    expect((await check('jane@recovering.io')).score).toBe(30);
+    dns.set('recovering.io', { mx: [{ priority: 10, exchange: 'mx.acme.io' }] });
+    expect(await check('jane@recovering.io')).toMatchObject({ result: 'risky', score: 80, issues: [] });
   });
 });
 
@@ -500,6 +502,20 @@ describe('quota (rule 10, spec 3.5)', () => {
   });
 });
 
+describe('quota across processes', () => {
+  it('never overruns when several processes (stores) consume at once', async () => {
+    const org = await createOrg(ctx.services, { name: 'Multi', verifyQuota: 25 });
+    const stores = Array.from({ length: 4 }, () => VerificationStore.forEntityManager(ctx.services.orm.em.fork()));
+    const results = await Promise.all(
+      Array.from({ length: 100 }, (_, i) => stores[i % stores.length]!.consume(org.organizationId, '2026-11-01')),
+    );
+    expect(results.filter((r) => r.consumed)).toHaveLength(25);
+    const granted = results.filter((r) => r.consumed).map((r) => r.used).sort((a, b) => a - b);
+    expect(granted).toEqual(Array.from({ length: 25 }, (_, i) => i + 1));
+    expect(results.every((r) => r.used <= 25 && r.limit === 25)).toBe(true);
+  });
+});
+
 describe('the code table (rules 5, 7, 8; contract 13)', () => {
   it('is retryable exactly for mailbox_full, mailbox_unknown, quota_exceeded, internal_error', () => {
     const retryable = Object.entries(ISSUE_CODES).filter(([, r]) => r.retryable).map(([c]) => c).sort();
@@ -534,5 +550,37 @@ describe('cli verify EMAIL (contract 1)', () => {
       code: 1,
       stderr: expect.stringContaining('missing_api_key'),
     });
+  });
+});
+
+describe('docs/verification.md', () => {
+  it('every example address of the code table produces its code', async () => {
+    const hourAgo = new Date(Date.now() - 3600_000);
+    await recordComplaint(em(), 'angry@acme.io');
+    await recordHardBounce(em(), 'gone@acme.io');
+    await recordSuppression(em(), 'quiet@acme.io');
+    await recordMailboxNotFound(em(), 'nobody-here@acme.io');
+    await recordMailboxFull(em(), 'full@acme.io', hourAgo);
+    for (const who of ['a', 'b', 'c']) await recordHardBounce(em(), `${who}@bouncy.io`);
+    await recordCatchAllDomain(em(), 'catchall.io');
+    const doc = readFileSync('docs/verification.md', 'utf8');
+    const rows = doc.split('\n').filter((l) => /^\| `([a-z_]+)` \|/.exec(l)?.[1]! in ISSUE_CODES);
+    expect(rows).toHaveLength(Object.keys(ISSUE_CODES).length);
+    let checked = 0;
+    for (const row of rows) {
+      const cells = row.split(' | ');
+      const code = /`([a-z_]+)`/.exec(cells[0]!)![1] as IssueCode;
+      const rule = ISSUE_CODES[code];
+      expect(cells[1]).toContain(rule.severity);
+      expect(cells[3]!.startsWith(rule.retryable ? 'yes' : 'no')).toBe(true);
+      for (const piece of cells[4]!.split(/[,;] /)) {
+        const address = /`([^`]+@[^`]+)`/.exec(piece)?.[1];
+        if (!address) continue;
+        const r = await check(address);
+        expect(codes(r), `${address} should give ${code}`).toContain(code);
+        checked++;
+      }
+    }
+    expect(checked).toBeGreaterThan(25);
   });
 });

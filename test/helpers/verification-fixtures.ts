@@ -29,6 +29,8 @@ export const VERIFICATION_ZONE: FixtureZone = {
   'deadmx.io': { mx: [{ priority: 10, exchange: 'gone.deadmx.io' }] },
   // Every query fails (SERVFAIL): a temporary failure.
   'flaky.io': { servfail: true },
+  // Fails until a test publishes its MX.
+  'recovering.io': { servfail: true },
   // Typo domains that do route mail (as typo-squatters' domains often do).
   'gamil.com': { mx: [{ priority: 10, exchange: 'mx.acme.io' }] },
   'outlok.com': { mx: [{ priority: 10, exchange: 'mx.acme.io' }] },
