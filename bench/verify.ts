@@ -21,6 +21,8 @@ import { startDnsServer, type FixtureZone } from '../test/helpers/dns-server.js'
 const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 20);
 const COLD_DOMAINS = 80_000;
+/** Profiling aid: BENCH_ONLY_WARM=1 makes the other runs token ones. */
+const ONLY_WARM = process.env.BENCH_ONLY_WARM === '1';
 const SECRET_KEY = 'bench-secret-key-bench-secret-key-0123456789';
 
 async function freePort(): Promise<number> {
@@ -133,7 +135,7 @@ try {
     requests: [{ method: 'POST', headers, setupRequest: (req) => ({ ...req, body: warmBody() }) }],
   });
 
-  const healthz = await run('GET /healthz', { url: `${base}/healthz` });
+  const healthz = await run('GET /healthz', { url: `${base}/healthz`, duration: ONLY_WARM ? 1 : DURATION });
   const warm = await run('POST /api/v2/verify, warm routing cache', {
     url: `${base}/api/v2/verify`,
     requests: [{ method: 'POST', headers, setupRequest: (req) => ({ ...req, body: warmBody() }) }],
@@ -147,6 +149,7 @@ try {
         method: 'POST',
         headers,
         setupRequest: (req) => {
+          if (ONLY_WARM) return { ...req, body: warmBody() };
           if (c >= COLD_DOMAINS) throw new Error('ran out of cold domains: raise COLD_DOMAINS');
           return { ...req, body: JSON.stringify({ email: `jane@c${c++}.coldbench.net` }) };
         },

@@ -107,6 +107,11 @@ describe('POST /api/v2/verify (spec 4.3)', () => {
     expect(res.json().details[0].path).toBe('email');
   });
 
+  it('is described in the OpenAPI document', async () => {
+    const doc = (await ctx.app.inject({ url: '/api/v2/openapi.json' })).json();
+    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining(['/api/v2/verify', '/api/v2/emails/verify']));
+  });
+
   it('needs a token (401) and the emails permission (403)', async () => {
     expect((await ctx.app.inject({ method: 'POST', url: '/api/v2/verify', payload: { email: 'a@acme.io' } })).statusCode).toBe(401);
     const created = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(token), payload: { name: 'no emails', permissions: ['domains'] } });
