@@ -14,6 +14,7 @@ import {
   recordSuppression,
 } from '../src/shared/verification/index.js';
 import { parseAddress } from '../src/shared/verification/syntax.js';
+import { updateOrganization } from '../src/shared/organizations/service.js';
 import { VerificationStore } from '../src/shared/verification/store.js';
 import { suggestDomain } from '../src/shared/verification/typos.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
@@ -300,8 +301,9 @@ describe('DNS routing (rule 1)', () => {
     expect(await check('jane@v6.io')).toMatchObject({ result: 'risky', score: 80, issues: [] });
   });
 
-  it('accepts an implicit MX (A record, no MX)', async () => {
+  it('accepts an implicit MX (A or AAAA record, no MX)', async () => {
     expect(await check('jane@implicit.io')).toMatchObject({ result: 'risky', accept: true, score: 80, issues: [] });
+    expect(await check('jane@implicit6.io')).toMatchObject({ result: 'risky', accept: true, score: 80, issues: [] });
   });
 
   it.each([
@@ -488,6 +490,16 @@ describe('quota (rule 10, spec 3.5)', () => {
     } finally {
       ctx.services.clock = realClock;
     }
+  });
+
+  it('follows a limit changed by `cli org update --verify-quota` at once', async () => {
+    const org = await createOrg(ctx.services, { name: 'Raise', verifyQuota: 1 });
+    await check('a@quota.io', org.token);
+    expect((await check('a@quota.io', org.token)).status).toBe('skipped');
+    await updateOrganization(em(), org.organizationId, { verifyQuota: 3 });
+    expect(await check('a@quota.io', org.token)).toMatchObject({ status: 'completed', quota: { limit: 3, used: 2, remaining: 1 } });
+    await updateOrganization(em(), org.organizationId, { verifyQuota: 1 });
+    expect(await check('a@quota.io', org.token)).toMatchObject({ status: 'skipped', quota: { limit: 1, used: 1, remaining: 0 } });
   });
 
   it('skips everything with a quota of 0', async () => {

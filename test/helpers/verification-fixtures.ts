@@ -21,6 +21,7 @@ export const VERIFICATION_ZONE: FixtureZone = {
   'mx.v6.io': { aaaa: ['2001:db8::25'] },
   // No MX: the implicit MX of RFC 5321 5.1 (the domain's own A).
   'implicit.io': { a: ['192.0.2.30'] },
+  'implicit6.io': { aaaa: ['2001:db8::30'] },
   // RFC 7505 null MX: publishes that it accepts no mail.
   'nullmx.io': { mx: [{ priority: 0, exchange: '' }], a: ['192.0.2.31'] },
   // Exists, but neither MX nor A/AAAA.

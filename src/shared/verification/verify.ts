@@ -277,7 +277,8 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
     suggestion: local.suggestion,
     traits: local.traits,
     issues: ordered,
-    quota: { limit: quota.limit, used: quota.used, remaining: Math.max(0, quota.limit - quota.used), resets_at: resetsAt.toISOString() },
+    // A limit lowered below this month's use reports `used` at the limit (contract 13: used never exceeds limit).
+    quota: { limit: quota.limit, used: Math.min(quota.used, quota.limit), remaining: Math.max(0, quota.limit - quota.used), resets_at: resetsAt.toISOString() },
     retry_at: retryAt ? retryAt.toISOString() : null,
     cache_hit: cacheHit,
   };
