@@ -12,6 +12,8 @@ import {
   recordMailboxNotFound,
   recordProven,
   recordSuppression,
+  verificationDeps,
+  verifyEmail,
 } from '../src/shared/verification/index.js';
 import { parseAddress } from '../src/shared/verification/syntax.js';
 import { updateOrganization } from '../src/shared/organizations/service.js';
@@ -450,6 +452,21 @@ describe('internal_error', () => {
     } finally {
       ctx.services.dns = original;
     }
+  });
+});
+
+describe('internal_error from the history read', () => {
+  it('keeps the quota counted and the local findings when the history read breaks', async () => {
+    const deps = verificationDeps(ctx.services);
+    const broken = Object.assign(Object.create(deps.store) as VerificationStore, {
+      readHistory: async () => {
+        throw new Error('history bug');
+      },
+    });
+    const { organizationId } = await createOrg(ctx.services, { name: 'Broken history' });
+    const r = await verifyEmail({ ...deps, store: broken }, { organizationId, email: 'info@acme.io' });
+    expect(r).toMatchObject({ status: 'failed', score: null, result: 'unknown', accept: false, quota: { used: 1 } });
+    expect(r.issues.map((i) => i.code)).toEqual(['internal_error', 'role_based']);
   });
 });
 
