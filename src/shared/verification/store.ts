@@ -6,9 +6,9 @@ import { RECURRING_BOUNCES, type HistoryRow } from './history.js';
 
 /**
  * PostgreSQL side of verification: the monthly quota, the history read and the stored
- * results. Calls arriving together are grouped (MicroBatcher), so a burst of checks costs
- * a few statements rather than three per check, and the organization's single quota row is
- * locked once per batch rather than once per call.
+ * results. Calls arriving together are grouped (MicroBatcher): per batch, one statement
+ * takes the quota and reads the history, one multi-row insert stores the results; the
+ * organization's single quota row is locked once per batch rather than once per call.
  *
  * Every statement here commits with synchronous_commit off (for its own transaction only):
  * waiting for a WAL flush while holding the quota row's lock would cap verification at one
@@ -42,13 +42,39 @@ export interface StoredVerification {
 type Row = Record<string, unknown>;
 const ASYNC_COMMIT = `select set_config('synchronous_commit', 'off', true)`;
 const toDate = (v: unknown): Date | null => (v === null || v === undefined ? null : new Date(v as string));
+
+function toHistory(row: Row): HistoryRow {
+  return {
+    hardBouncedAt: toDate(row.hard_bounced_at),
+    complainedAt: toDate(row.complained_at),
+    suppressed: row.suppressed === true,
+    mailboxFullAt: toDate(row.mailbox_full_at),
+    mailboxNotFoundAt: toDate(row.mailbox_not_found_at),
+    provenAt: toDate(row.proven_at),
+    catchAll: row.catch_all_at !== null && row.catch_all_at !== undefined,
+    domainBadAddresses: Number(row.domain_bad ?? 0),
+  };
+}
 /** Quota rows known to exist, so the insert that creates them runs once a month per org. */
 const ENSURED_MAX = 10_000;
 
+export interface BeginInput {
+  organizationId: string;
+  month: string;
+  /** The normalized address and its domain, when it is valid (else no history is read). */
+  email: string | null;
+  domain: string | null;
+}
+
+export interface BeginResult {
+  quota: QuotaState;
+  /** Read in the same statement; the caller ignores it when the quota is exhausted. */
+  history: HistoryRow | null;
+}
+
 export class VerificationStore {
   private readonly ensured = new Set<string>();
-  private readonly quota = new MicroBatcher<{ organizationId: string; month: string }, QuotaState>((items) => this.flushQuota(items));
-  private readonly history = new MicroBatcher<{ email: string; domain: string }, HistoryRow | null>((items) => this.flushHistory(items));
+  private readonly begins = new MicroBatcher<BeginInput, BeginResult>((items) => this.flushBegin(items));
   private readonly saves = new MicroBatcher<StoredVerification, void>((items) => this.flushSaves(items));
 
   constructor(private readonly connection: () => Connection) {}
@@ -57,13 +83,12 @@ export class VerificationStore {
     return new VerificationStore(() => em.getConnection());
   }
 
-  /** Takes one unit of the organization's quota for `month` if any is left. */
-  consume(organizationId: string, month: string): Promise<QuotaState> {
-    return this.quota.run({ organizationId, month });
-  }
-
-  readHistory(email: string, domain: string): Promise<HistoryRow | null> {
-    return this.history.run({ email, domain });
+  /**
+   * Takes one unit of the organization's quota for `month` if any is left, and reads the
+   * global history of the address, in one statement per batch and organization.
+   */
+  begin(input: BeginInput): Promise<BeginResult> {
+    return this.begins.run(input);
   }
 
   save(row: StoredVerification): Promise<void> {
@@ -74,13 +99,13 @@ export class VerificationStore {
     return this.connection().execute<Row[]>(sql, params);
   }
 
-  private async flushQuota(items: Array<{ organizationId: string; month: string }>): Promise<QuotaState[]> {
+  private async flushBegin(items: BeginInput[]): Promise<BeginResult[]> {
     const groups = new Map<string, number[]>();
     items.forEach((item, i) => {
       const key = `${item.organizationId}|${item.month}`;
       groups.set(key, [...(groups.get(key) ?? []), i]);
     });
-    const out: QuotaState[] = new Array(items.length);
+    const out: BeginResult[] = new Array(items.length);
     await Promise.all(
       [...groups.entries()].map(async ([key, indexes]) => {
         const [organizationId, month] = key.split('|') as [string, string];
@@ -93,6 +118,7 @@ export class VerificationStore {
           if (this.ensured.size >= ENSURED_MAX) this.ensured.clear();
           this.ensured.add(key);
         }
+        const lookups = indexes.filter((i) => items[i]!.email).map((i) => ({ i, email: items[i]!.email, domain: items[i]!.domain }));
         // Atomic: the row is locked (FOR UPDATE) and read at its latest version, then takes
         // as many units as are left, up to the batch size. `used` never exceeds the limit,
         // and never goes down when the limit was lowered below it.
@@ -101,56 +127,46 @@ export class VerificationStore {
            cur as (
              select v.used, o.verify_quota as lim from verification_quotas v join organizations o on o.id = v.organization_id
              where v.organization_id = ? and v.month = ?::date for update of v
+           ),
+           upd as (
+             update verification_quotas q set used = greatest(q.used, least(q.used + ?, cur.lim))
+             from cur, ac
+             where q.organization_id = ? and q.month = ?::date
+             returning cur.used as old_used, q.used as new_used, cur.lim
+           ),
+           hist as (
+             select e.i, h.email as history_email, h.hard_bounced_at, h.complained_at, h.suppressed, h.mailbox_full_at,
+                    h.mailbox_not_found_at, h.proven_at, c.proven_at as catch_all_at,
+                    (select count(*) from (
+                       select 1 from verification_history b
+                       where b.domain = e.domain and b.email <> e.email and b.email not like '*@%'
+                         and (b.hard_bounced_at is not null or b.mailbox_not_found_at is not null)
+                       limit ${RECURRING_BOUNCES}) d) as domain_bad
+             from json_to_recordset(?::json) as e(i int, email text, domain text)
+             left join verification_history h on h.email = e.email
+             left join verification_history c on c.email = '*@' || e.domain
            )
-           update verification_quotas q set used = greatest(q.used, least(q.used + ?, cur.lim))
-           from cur, ac
-           where q.organization_id = ? and q.month = ?::date
-           returning cur.used as old_used, q.used as new_used, cur.lim`,
-          [organizationId, month, indexes.length, organizationId, month],
+           select upd.old_used, upd.new_used, upd.lim, (select json_agg(hist) from hist) as history
+           from upd`,
+          [organizationId, month, indexes.length, organizationId, month, JSON.stringify(lookups)],
         );
         const row = rows[0];
         const limit = Number(row?.lim ?? 0);
         const oldUsed = Number(row?.old_used ?? 0);
         const newUsed = Number(row?.new_used ?? 0);
         const granted = Math.max(0, newUsed - oldUsed);
+        const histories = new Map<number, HistoryRow>();
+        for (const h of (row?.history ?? []) as Row[]) {
+          const found = toHistory(h);
+          if (h.history_email || found.catchAll || found.domainBadAddresses > 0) histories.set(Number(h.i), found);
+        }
         indexes.forEach((index, n) => {
-          out[index] = n < granted ? { limit, used: oldUsed + n + 1, consumed: true } : { limit, used: newUsed, consumed: false };
+          const quota: QuotaState =
+            n < granted ? { limit, used: oldUsed + n + 1, consumed: true } : { limit, used: newUsed, consumed: false };
+          out[index] = { quota, history: histories.get(index) ?? null };
         });
       }),
     );
-    return out;
-  }
-
-  private async flushHistory(items: Array<{ email: string; domain: string }>): Promise<Array<HistoryRow | null>> {
-    const rows = await this.execute(
-      `select e.i, h.email as history_email, h.hard_bounced_at, h.complained_at, h.suppressed, h.mailbox_full_at,
-              h.mailbox_not_found_at, h.proven_at, c.proven_at as catch_all_at,
-              (select count(*) from (
-                 select 1 from verification_history b
-                 where b.domain = e.domain and b.email <> e.email and b.email not like '*@%'
-                   and (b.hard_bounced_at is not null or b.mailbox_not_found_at is not null)
-                 limit ${RECURRING_BOUNCES}) d) as domain_bad
-       from json_to_recordset(?::json) as e(i int, email text, domain text)
-       left join verification_history h on h.email = e.email
-       left join verification_history c on c.email = '*@' || e.domain`,
-      [JSON.stringify(items.map((item, i) => ({ i, email: item.email, domain: item.domain })))],
-    );
-    const out: Array<HistoryRow | null> = new Array(items.length).fill(null);
-    for (const row of rows) {
-      const catchAll = row.catch_all_at !== null && row.catch_all_at !== undefined;
-      const domainBad = Number(row.domain_bad ?? 0);
-      if (!row.history_email && !catchAll && domainBad === 0) continue;
-      out[Number(row.i)] = {
-        hardBouncedAt: toDate(row.hard_bounced_at),
-        complainedAt: toDate(row.complained_at),
-        suppressed: row.suppressed === true,
-        mailboxFullAt: toDate(row.mailbox_full_at),
-        mailboxNotFoundAt: toDate(row.mailbox_not_found_at),
-        provenAt: toDate(row.proven_at),
-        catchAll,
-        domainBadAddresses: domainBad,
-      };
-    }
     return out;
   }
 

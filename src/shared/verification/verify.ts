@@ -182,8 +182,6 @@ export function decide(issues: Issue[], opts: { proven: boolean; dnsUnknown: boo
   return { score, accept, result: (opts.proven && score >= 90 ? 'deliverable' : 'risky') as VerificationResultKind };
 }
 
-const HISTORY_FAILED: unique symbol = Symbol('history read failed');
-
 const latest = (dates: Array<Date | null>) =>
   dates.reduce<Date | null>((max, d) => (d && (!max || d > max) ? d : max), null);
 
@@ -207,12 +205,14 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
 
   // Every call counts (contract 13), including invalid addresses.
   // The history is read alongside, and ignored when the quota is exhausted (spec 3.5).
-  // The quota must be counted (a failure there is a 503); a failed history read is only
-  // this check breaking: `internal_error`, the rest still answered.
-  const [quota, history] = await Promise.all([
-    deps.store.consume(input.organizationId, month),
-    parsed.ok ? deps.store.readHistory(parsed.email, domain).catch((): typeof HISTORY_FAILED => HISTORY_FAILED) : Promise.resolve(null),
-  ]);
+  // Every call counts (contract 13), including invalid addresses. The history is read in
+  // the same statement, and ignored when the quota is exhausted (spec 3.5).
+  const { quota, history } = await deps.store.begin({
+    organizationId: input.organizationId,
+    month,
+    email: parsed.ok ? parsed.email : null,
+    domain: parsed.ok ? domain : null,
+  });
   const skipped = !quota.consumed;
   let proven = false;
   let cacheHit = false;
@@ -223,10 +223,7 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
     issues.push(issue('quota_exceeded', `The monthly verification quota of ${quota.limit} is used up until ${resetsAt.toISOString()}`));
     retryAts.push(resetsAt);
   } else {
-    if (history === HISTORY_FAILED) {
-      failed = true;
-      issues.push(issue('internal_error', 'A check failed inside the service; retry later'));
-    } else if (history && parsed.ok) {
+    if (history && parsed.ok) {
       const h = historyIssues(history, now);
       issues.push(...h.issues);
       proven = h.proven;
