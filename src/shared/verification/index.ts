@@ -43,5 +43,6 @@ export function verificationDeps(services: Services): VerificationDeps {
     routingKey: (domain) => redisKey(services.config, 'verify', 'route', domain),
     blockedDomains: own.blocked,
     localRouting: own.localRouting,
+    logger: services.logger,
   };
 }

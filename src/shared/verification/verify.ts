@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { DnsLookup } from '../dns/types.js';
 import { newId } from '../ids.js';
+import type { Logger } from '../logger.js';
 import { ISSUE_CODES, issue, orderIssues, type Issue } from './codes.js';
 import { MAILBOX_FULL_WINDOW_MS, RECURRING_BOUNCES, type HistoryRow } from './history.js';
 import {
@@ -38,6 +39,8 @@ export interface VerificationDeps {
   localRouting?: LocalRoutingCache;
   /** Operator blocklist (VERIFY_BLOCKED_DOMAINS): `spam_domain`. */
   blockedDomains: ReadonlySet<string>;
+  /** Where a check that breaks is reported (the caller only sees `internal_error`). */
+  logger?: Pick<Logger, 'error'>;
 }
 
 export type VerificationResultKind = 'deliverable' | 'risky' | 'undeliverable' | 'unknown';
@@ -195,7 +198,8 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
   const issues: Issue[] = [];
   try {
     local = localChecks(parsed, deps.blockedDomains);
-  } catch {
+  } catch (error) {
+    deps.logger?.error({ err: error }, 'verification: local checks failed');
     failed = true;
     local = { issues: [], traits: emptyTraits(), suggestion: null, rejected: true };
     issues.push(issue('internal_error', 'A check failed inside the service; retry later'));
@@ -239,8 +243,9 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
           dnsUnknown = true;
           retryAts.push(new Date(now.getTime() + DNS_RETRY_MS));
         }
-      } catch {
+      } catch (error) {
         // A broken resolver is the service's fault, not the address's: report it, keep the rest.
+        deps.logger?.error({ err: error, domain }, 'verification: DNS routing check failed');
         failed = true;
         issues.push(issue('internal_error', 'A check failed inside the service; retry later'));
       }
