@@ -145,6 +145,7 @@ describe('syntax (rule 1)', () => {
     `a@${Array.from({ length: 60 }, () => 'abcd').join('.')}.io`,
     'jané@acme.io',
     'jane(comment)@acme.io',
+    `${'a'.repeat(5000)}@acme.io`,
     '',
   ])('refuses %j with invalid_format, score 0, 200', async (email) => {
     const r = await check(email);
