@@ -4,6 +4,7 @@ import { eventsRoutes } from './events.js';
 import { subscribersRoutes } from './subscribers.js';
 import { tagsRoutes } from './tags.js';
 import { tokensRoutes } from './tokens.js';
+import { verificationRoutes } from './verification.js';
 
 /** The authenticated /api/v2 modules; each feature appends its own, one a line. */
 export const v2Routes: Array<(app: App) => Promise<void>> = [
@@ -12,4 +13,5 @@ export const v2Routes: Array<(app: App) => Promise<void>> = [
   subscribersRoutes,
   tagsRoutes,
   eventsRoutes,
+  verificationRoutes,
 ];

@@ -5,6 +5,8 @@ import { SenderSchema } from './sender.js';
 import { SubscriberEventSchema } from './subscriber-event.js';
 import { SubscriberSchema } from './subscriber.js';
 import { SubscriberTagSchema, TagSchema } from './tag.js';
+import { EmailVerificationSchema } from './email-verification.js';
+import { VerificationHistorySchema } from './verification-history.js';
 
 export { ApiToken } from './api-token.js';
 export { Organization } from './organization.js';
@@ -13,6 +15,8 @@ export { Sender } from './sender.js';
 export { Subscriber, SUBSCRIBER_STATUSES, type SubscriberStatus } from './subscriber.js';
 export { SubscriberEvent } from './subscriber-event.js';
 export { SubscriberTag, Tag } from './tag.js';
+export { EmailVerification } from './email-verification.js';
+export { VerificationHistory } from './verification-history.js';
 
 /** Every entity of the service; each feature appends its own, one a line. */
 export const entities = [
@@ -24,4 +28,6 @@ export const entities = [
   TagSchema,
   SubscriberTagSchema,
   SubscriberEventSchema,
+  EmailVerificationSchema,
+  VerificationHistorySchema,
 ];
