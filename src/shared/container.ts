@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
+import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { QueueProducer } from './queues/producer.js';
 import { createRedis } from './redis.js';
@@ -20,6 +21,8 @@ export interface Services {
   box: SecretBox;
   signer: LinkSigner;
   clock: () => Date;
+  /** The mail transport (file or pooled SMTP); it connects on its first send. */
+  mailer: MailTransport;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -35,12 +38,14 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     box: new SecretBox(config.secretKey),
     signer: new LinkSigner(config.secretKey),
     clock: () => new Date(),
+    mailer: createMailTransport(config.mail),
   };
 }
 
 export async function closeServices(services: Services): Promise<void> {
   await services.producer.close().catch(() => {});
   services.redis.disconnect();
+  services.mailer.close();
   await services.orm.close(true);
 }
 

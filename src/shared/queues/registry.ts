@@ -10,6 +10,14 @@ export const queueRegistry = {
     // Periodic housekeeping that belongs to no single feature; scheduled by the workers.
     'purge-expired': z.object({}),
   },
+  emails: {
+    // One job per email, jobId = the email id. `throttled` counts provider throttle answers.
+    send: z.object({ emailId: z.string(), throttled: z.number().int().min(0).optional() }),
+    // Scheduled: re-enqueue queued emails whose job is missing; fail stale hand-overs.
+    reconcile: z.object({}),
+    // Scheduled: forget Idempotency-Key rows older than 24 h.
+    'purge-idempotency-keys': z.object({}),
+  },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;

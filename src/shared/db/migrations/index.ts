@@ -1,4 +1,5 @@
 import { Migration20261123000000Foundation } from './20261123000000-foundation.js';
+import { Migration20261123010000Emails } from './20261123010000-emails.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -6,4 +7,5 @@ import { Migration20261123000000Foundation } from './20261123000000-foundation.j
  */
 export const migrationsList = [
   { name: 'Migration20261123000000Foundation', class: Migration20261123000000Foundation },
+  { name: 'Migration20261123010000Emails', class: Migration20261123010000Emails },
 ];
