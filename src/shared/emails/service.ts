@@ -168,7 +168,8 @@ async function createIdempotent(em: EntityManager, inputs: NewEmail[], idem: Ide
            set request_hash = excluded.request_hash, email_ids = excluded.email_ids, created_at = excluded.created_at
            where email_idempotency_keys.created_at < now() - interval '${IDEMPOTENCY_TTL_HOURS} hours'
          returning 1 as created`,
-        [organizationId, idem.key, idem.requestHash, ids],
+        // A PG array literal: ids are [0-9a-z_] only.
+        [organizationId, idem.key, idem.requestHash, `{${ids.join(',')}}`],
         'all',
       );
       if (claimed.length > 0) {
