@@ -4,11 +4,11 @@ import { bearer, createOrg, createTestContext, type TestContext } from './helper
 
 let ctx: TestContext;
 let token: string;
-let organizationId: string;
+
 
 beforeAll(async () => {
   ctx = await createTestContext();
-  ({ token, organizationId } = await createOrg(ctx.services));
+  ({ token } = await createOrg(ctx.services));
 });
 afterAll(async () => ctx?.close());
 
@@ -317,4 +317,3 @@ describe('lastEvent (spec 3.3)', () => {
   });
 });
 
-void organizationId;
