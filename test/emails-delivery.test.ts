@@ -92,6 +92,21 @@ describe('delivery over SMTP', () => {
     expect(email.text?.trim()).toBe(mail!.text?.trim());
   });
 
+  it('fans a batch out into one send per email', async () => {
+    const res = await ctx.app.inject({
+      method: 'POST',
+      url: '/api/v2/emails/batch',
+      headers: bearer(token),
+      payload: [1, 2, 3].map((i) => ({ from: 'a@acme.test', to: `fan${i}@example.com`, subject: `fan ${i}`, html: '<p>b</p>' })),
+    });
+    const ids: string[] = res.json().data.map((d: { id: string }) => d.id);
+    await until(
+      async () => (await Promise.all(ids.map((id) => getEmail(id)))).map((e) => e.last_event),
+      (events) => events.every((e) => e === 'sent'),
+    );
+    for (const id of ids) expect(received(`${id}@acme.test`)).toHaveLength(1);
+  });
+
   it('sends a tiptap document and the text given by the client', async () => {
     const tiptap = {
       type: 'doc',

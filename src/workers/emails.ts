@@ -68,6 +68,10 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
     concurrency: o.concurrency,
     handlers: {
       send,
+      'send-batch': async (payload, ctx) => {
+        await ctx.services.producer.addBulk(queue, payload.emailIds.map(sendJob));
+        return { enqueued: payload.emailIds.length };
+      },
       reconcile: async (_payload, ctx) => {
         const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs);
         if (interrupted > 0) ctx.log.warn({ interrupted }, 'failed emails interrupted mid hand-over');

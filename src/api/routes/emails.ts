@@ -3,7 +3,7 @@ import { z } from 'zod';
 import type { Email } from '../../shared/db/entities/email.js';
 import { SendEmailBody, newEmailFromBody } from '../../shared/emails/input.js';
 import { LAST_EVENTS, lastEvent } from '../../shared/emails/last-event.js';
-import { createEmails, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
+import { createEmails, EmailWriter, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 
@@ -72,6 +72,7 @@ function idempotency(request: FastifyRequest, key: string | undefined, route: st
 
 export async function emailsRoutes(app: App): Promise<void> {
   const deps = { producer: app.services.producer, logger: app.services.logger };
+  const writer = new EmailWriter(app.services.orm, deps);
 
   app.post(
     '/emails',
@@ -86,9 +87,10 @@ export async function emailsRoutes(app: App): Promise<void> {
       },
     },
     async (request) => {
-      const { ids } = await createEmails(request.em, deps, [newEmailFromBody(request.caller.organizationId, request.body)], {
-        idempotency: idempotency(request, request.headers['idempotency-key'], 'POST /emails'),
-      });
+      const email = newEmailFromBody(request.caller.organizationId, request.body);
+      const key = request.headers['idempotency-key'];
+      if (key === undefined) return { id: await writer.write(email) };
+      const { ids } = await createEmails(request.em, deps, [email], { idempotency: idempotency(request, key, 'POST /emails') });
       return { id: ids[0]! };
     },
   );

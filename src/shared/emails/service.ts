@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import type { Orm } from '../db/orm.js';
 import type { JobsOptions } from 'bullmq';
 import { createHash } from 'node:crypto';
 import { Email, type EmailSource } from '../db/entities/email.js';
@@ -86,10 +87,18 @@ export async function insertEmails(em: EntityManager, inputs: NewEmail[], ids: s
 }
 
 /**
- * Enqueues one send job per email (jobId = email id, so a repeat is a no-op). Never throws:
- * the rows are committed, and the reconciler enqueues whatever a failure here left out.
+ * Enqueues one send job per email (jobId = email id, so a repeat is a no-op). With
+ * `fanOut`, several emails go as ONE `send-batch` job that a worker expands into those
+ * per-email jobs: the API's cost of a 100-email batch is one job, not a hundred. Never
+ * throws: the rows are committed, and the reconciler enqueues whatever a failure here left
+ * out.
  */
-export async function enqueueEmailSends(producer: QueueProducer, emails: { id: string; source?: EmailSource }[], logger?: Logger): Promise<void> {
+export async function enqueueEmailSends(
+  producer: QueueProducer,
+  emails: { id: string; source?: EmailSource }[],
+  logger?: Logger,
+  options: { fanOut?: boolean } = {},
+): Promise<void> {
   const byQueue = new Map<EmailQueueName, string[]>();
   for (const e of emails) {
     const queue = queueForSource(e.source ?? 'api');
@@ -97,7 +106,11 @@ export async function enqueueEmailSends(producer: QueueProducer, emails: { id: s
   }
   for (const [queue, ids] of byQueue) {
     try {
-      await producer.addBulk(queue, ids.map(sendJob));
+      if (options.fanOut && ids.length > 1) {
+        await producer.add(queue, { name: 'send-batch', data: { emailIds: ids }, jobId: `batch-${ids[0]}`, opts: SEND_JOB_OPTIONS });
+      } else {
+        await producer.addBulk(queue, ids.map(sendJob));
+      }
     } catch (error) {
       logger?.warn({ err: error, count: ids.length }, 'enqueue after commit failed; the reconciler will enqueue these emails');
     }
@@ -148,9 +161,67 @@ export async function createEmails(
     result = await createIdempotent(em, inputs, idem);
   }
   if (!result.replayed) {
-    await enqueueEmailSends(deps.producer, result.ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger);
+    await enqueueEmailSends(deps.producer, result.ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger, { fanOut: true });
   }
   return result;
+}
+
+/**
+ * The hot path of `POST /emails` without an Idempotency-Key: group commit. Sends that arrive
+ * while a write is in flight are gathered and written together, one multi-row INSERT
+ * (one commit, one WAL flush) and one bulk enqueue, so PostgreSQL and Redis work per email
+ * shrinks as load grows, and an idle server adds no delay. Each caller is answered only
+ * after its row is committed and its job enqueued (or left to the reconciler).
+ */
+export class EmailWriter {
+  private pending: { input: NewEmail; resolve: (id: string) => void; reject: (error: unknown) => void }[] = [];
+  private inFlight = 0;
+  private scheduled = false;
+
+  constructor(
+    private readonly orm: Orm,
+    private readonly deps: CreateEmailsDeps,
+    // Parallel writes (each a pool connection) and the most rows in one statement.
+    private readonly maxParallel = 4,
+    private readonly maxRows = 200,
+  ) {}
+
+  write(input: NewEmail): Promise<string> {
+    return new Promise((resolve, reject) => {
+      this.pending.push({ input, resolve, reject });
+      this.schedule();
+    });
+  }
+
+  private schedule(): void {
+    if (this.scheduled || this.inFlight >= this.maxParallel || this.pending.length === 0) return;
+    this.scheduled = true;
+    // Lets requests parsed in the same turn of the event loop join this write.
+    setImmediate(() => {
+      this.scheduled = false;
+      this.flush();
+    });
+  }
+
+  private flush(): void {
+    if (this.inFlight >= this.maxParallel || this.pending.length === 0) return;
+    const items = this.pending.splice(0, this.maxRows);
+    this.inFlight++;
+    const run = async () => {
+      const inputs = items.map((i) => i.input);
+      const ids = await insertEmails(this.orm.em.fork(), inputs);
+      await enqueueEmailSends(this.deps.producer, ids.map((id, i) => ({ id, source: inputs[i]!.source })), this.deps.logger);
+      return ids;
+    };
+    run().then(
+      (ids) => items.forEach((item, i) => item.resolve(ids[i]!)),
+      (error: unknown) => items.forEach((item) => item.reject(error)),
+    ).finally(() => {
+      this.inFlight--;
+      this.schedule();
+    });
+    this.schedule();
+  }
 }
 
 async function createIdempotent(em: EntityManager, inputs: NewEmail[], idem: Idempotency): Promise<CreatedEmails> {

@@ -13,6 +13,8 @@ export const queueRegistry = {
   emails: {
     // One job per email, jobId = the email id. `throttled` counts provider throttle answers.
     send: z.object({ emailId: z.string(), throttled: z.number().int().min(0).optional() }),
+    // A batch accepted by the API: the worker fans it out into one `send` job per email.
+    'send-batch': z.object({ emailIds: z.array(z.string()).min(1).max(1000) }),
     // Scheduled: re-enqueue queued emails whose job is missing; fail stale hand-overs.
     reconcile: z.object({}),
     // Scheduled: forget Idempotency-Key rows older than 24 h.
