@@ -43,24 +43,41 @@ export function tiptapToHtml(doc: JSONContent): string {
 const escapeHtml = (value: string) =>
   value.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c] ?? c);
 
-// Table-based, 600 px wide, system fonts: what renders alike in Outlook, Gmail and Apple Mail.
-// Styles live in one <style> block that juice inlines onto each element.
-const LAYOUT_CSS = `
-body { margin: 0; padding: 0; background-color: #f4f4f5; }
-.wrapper { width: 100%; background-color: #f4f4f5; }
-.container { width: 100%; max-width: 600px; margin: 0 auto; background-color: #ffffff; }
-.content { padding: 32px 32px; font-family: -apple-system, BlinkMacSystemFont, 'Segoe UI', Helvetica, Arial, sans-serif; font-size: 16px; line-height: 1.5; color: #18181b; }
-h1, h2, h3, h4 { font-family: -apple-system, BlinkMacSystemFont, 'Segoe UI', Helvetica, Arial, sans-serif; color: #18181b; margin: 0 0 16px; line-height: 1.25; }
-p { margin: 0 0 16px; }
-a { color: #2563eb; }
-img { max-width: 100%; height: auto; border: 0; }
-blockquote { margin: 0 0 16px; padding-left: 16px; border-left: 4px solid #e4e4e7; color: #52525b; }
-pre { padding: 12px; background-color: #f4f4f5; overflow: auto; font-size: 14px; }
-code { font-family: Menlo, Consolas, monospace; font-size: 14px; }
-table.md { border-collapse: collapse; }
-table.md td, table.md th { border: 1px solid #e4e4e7; padding: 6px 10px; }
-hr { border: 0; border-top: 1px solid #e4e4e7; margin: 24px 0; }
-`;
+// The email-safe styles of generated bodies, inlined on each element (mail clients drop
+// <style> blocks). Markdown and tiptap output is a known, small set of tags, so the styles
+// are set while wrapping instead of re-parsing the HTML with juice: that parse cost more
+// than the rest of a send. A tag that already has a style (raw HTML in markdown) is kept.
+const FONT = "-apple-system, BlinkMacSystemFont, 'Segoe UI', Helvetica, Arial, sans-serif";
+const HEADING = `font-family: ${FONT}; color: #18181b; margin: 0 0 16px; line-height: 1.25;`;
+const TAG_STYLES: Record<string, string> = {
+  h1: `${HEADING} font-size: 28px;`,
+  h2: `${HEADING} font-size: 22px;`,
+  h3: `${HEADING} font-size: 18px;`,
+  h4: `${HEADING} font-size: 16px;`,
+  p: 'margin: 0 0 16px;',
+  a: 'color: #2563eb;',
+  img: 'max-width: 100%; height: auto; border: 0;',
+  blockquote: 'margin: 0 0 16px; padding-left: 16px; border-left: 4px solid #e4e4e7; color: #52525b;',
+  pre: 'padding: 12px; background-color: #f4f4f5; overflow: auto; font-size: 14px;',
+  code: 'font-family: Menlo, Consolas, monospace; font-size: 14px;',
+  table: 'border-collapse: collapse; margin: 0 0 16px;',
+  th: 'border: 1px solid #e4e4e7; padding: 6px 10px; text-align: left;',
+  td: 'border: 1px solid #e4e4e7; padding: 6px 10px;',
+  hr: 'border: 0; border-top: 1px solid #e4e4e7; margin: 24px 0;',
+  ul: 'margin: 0 0 16px; padding-left: 24px;',
+  ol: 'margin: 0 0 16px; padding-left: 24px;',
+};
+const STYLED_TAG = new RegExp(`<(${Object.keys(TAG_STYLES).join('|')})(?=[\\s>/])([^>]*?)(/?)>`, 'gi');
+
+/** Adds the house style to each known opening tag that has no style of its own. */
+export function inlineStyles(html: string): string {
+  return html.replace(STYLED_TAG, (whole, tag: string, attrs: string, selfClose: string) =>
+    /\sstyle\s*=/i.test(attrs) ? whole : `<${tag}${attrs} style="${TAG_STYLES[tag.toLowerCase()]}"${selfClose}>`,
+  );
+}
+
+const BODY_STYLE = 'margin: 0; padding: 0; background-color: #f4f4f5;';
+const CONTENT_STYLE = `padding: 32px; font-family: ${FONT}; font-size: 16px; line-height: 1.5; color: #18181b;`;
 
 function preheader(preview: string | null | undefined): string {
   if (!preview) return '';
@@ -68,11 +85,12 @@ function preheader(preview: string | null | undefined): string {
   return `<div class="preheader" style="display:none;max-height:0;overflow:hidden;mso-hide:all;font-size:1px;line-height:1px;color:#ffffff;opacity:0;">${escapeHtml(preview)}</div>`;
 }
 
+// Table-based, 600 px wide, system fonts: what renders alike in Outlook, Gmail and Apple Mail.
 function layout(bodyHtml: string, subject: string, preview: string | null | undefined): string {
   return `<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><meta name="x-apple-disable-message-reformatting"><title>${escapeHtml(subject)}</title><style>${LAYOUT_CSS}</style></head>
-<body>${preheader(preview)}<table role="presentation" class="wrapper" width="100%" cellpadding="0" cellspacing="0" border="0"><tr><td align="center">
-<table role="presentation" class="container" width="600" cellpadding="0" cellspacing="0" border="0"><tr><td class="content">${bodyHtml}</td></tr></table>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><meta name="x-apple-disable-message-reformatting"><title>${escapeHtml(subject)}</title></head>
+<body style="${BODY_STYLE}">${preheader(preview)}<table role="presentation" width="100%" cellpadding="0" cellspacing="0" border="0" bgcolor="#f4f4f5" style="width: 100%; background-color: #f4f4f5;"><tr><td align="center">
+<table role="presentation" width="600" cellpadding="0" cellspacing="0" border="0" bgcolor="#ffffff" style="width: 100%; max-width: 600px; margin: 0 auto; background-color: #ffffff;"><tr><td style="${CONTENT_STYLE}">${bodyHtml}</td></tr></table>
 </td></tr></table></body></html>`;
 }
 
@@ -90,7 +108,7 @@ const htmlToText = compile({
   selectors: [
     { selector: 'div.preheader', format: 'skip' },
     { selector: 'img', format: 'skip' },
-    { selector: 'table.md', format: 'dataTable' },
+    { selector: 'td > table', format: 'dataTable' },
     { selector: 'a', options: { hideLinkHrefIfSameAsText: true } },
     { selector: 'h1', options: { uppercase: false } },
     { selector: 'h2', options: { uppercase: false } },
@@ -121,7 +139,7 @@ export function renderEmail(input: RenderInput): Rendered {
     if (/<style[\s>]/i.test(html)) html = juice(html);
   } else {
     const body = input.contentKind === 'markdown' ? markdownToHtml(input.content) : tiptapToHtml(JSON.parse(input.content) as JSONContent);
-    html = juice(layout(body.replace(/<table>/g, '<table class="md">'), input.subject, input.preview));
+    html = layout(inlineStyles(body), input.subject, input.preview);
   }
   const text = input.text ?? htmlToText(html);
   return { html, text };
