@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { simpleParser } from 'mailparser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { deliverEmail } from '../src/shared/emails/deliver.js';
+import { DeliveryStore, deliverEmail } from '../src/shared/emails/deliver.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
@@ -171,9 +171,9 @@ describe('delivery over SMTP', () => {
       `insert into emails (id, organization_id, from_address, to_address, subject, content_kind, content) values (?, ?, 'a@acme.test', 'dupe@example.com', 'once', 'html', '<p>once</p>')`,
       [id, org!.id],
     );
-    const results = await Promise.all(
-      [1, 2, 3].map(() => deliverEmail(ctx.services.orm.em.fork(), ctx.services.mailer, id, { finalAttempt: false })),
-    );
+    // Two stores: as two worker processes; the same store twice: as two jobs of one process.
+    const [a, b] = [new DeliveryStore(ctx.services.orm), new DeliveryStore(ctx.services.orm)];
+    const results = await Promise.all([a, a, b].map((store) => deliverEmail(store, ctx.services.mailer, id, { finalAttempt: false })));
     expect(results.filter((r) => r.outcome === 'sent')).toHaveLength(1);
     expect(results.filter((r) => r.outcome === 'skipped')).toHaveLength(2);
     // A retried or re-added job after the send: skipped.

@@ -1,5 +1,6 @@
 import { DelayedError } from 'bullmq';
-import { failInterruptedEmails, deliverEmail, queuedEmailsPage, RetryLaterError } from '../shared/emails/deliver.js';
+import type { Services } from '../shared/container.js';
+import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError } from '../shared/emails/deliver.js';
 import { purgeIdempotencyKeys, queueForSource, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
@@ -35,11 +36,22 @@ export function throttleDelay(throttled: number): number {
   return Math.round(ceiling / 2 + Math.random() * (ceiling / 2));
 }
 
+// One store (and its group commits) per process's services, made on first use.
+const stores = new WeakMap<Services, DeliveryStore>();
+function storeOf(services: Services): DeliveryStore {
+  let store = stores.get(services);
+  if (!store) {
+    store = new DeliveryStore(services.orm);
+    stores.set(services, store);
+  }
+  return store;
+}
+
 async function send(payload: { emailId: string; throttled?: number }, ctx: JobContext) {
   const { job } = ctx;
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
   try {
-    const result = await deliverEmail(ctx.em, ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log });
+    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log });
     if (result.outcome === 'failed') ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
     return result;
   } catch (error) {

@@ -1,5 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { ContentKind } from '../db/entities/email.js';
+import type { Orm } from '../db/orm.js';
+import { Coalescer } from './coalescer.js';
 import type { Logger } from '../logger.js';
 import { mailboxDomain } from './addresses.js';
 import { renderEmail } from './render.js';
@@ -37,6 +39,76 @@ interface ClaimedRow {
   headers: Record<string, string>;
 }
 
+interface SentRecord {
+  id: string;
+  message_id: string;
+  html: string;
+  text: string;
+  delivered: boolean;
+}
+
+/**
+ * The status writes of the send path, group-committed: the claims (and the "sent" records)
+ * of the jobs running at once in this process go to PostgreSQL as one statement, so the
+ * database does one commit for many emails instead of two for each.
+ */
+export class DeliveryStore {
+  private readonly claims: Coalescer<string, ClaimedRow | undefined>;
+  private readonly sent: Coalescer<SentRecord, void>;
+
+  constructor(private readonly orm: Orm) {
+    this.claims = new Coalescer(async (ids) => {
+      // The same id twice in one statement would be claimed once but returned to both
+      // callers: only its first caller gets the row.
+      const unique = [...new Set(ids)];
+      const rows = await this.orm.em.fork().execute<ClaimedRow[]>(
+        `update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
+         where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'
+         returning id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
+        [JSON.stringify(unique)],
+        'all',
+      );
+      const byId = new Map(rows.map((r) => [r.id, r]));
+      return ids.map((id) => {
+        const row = byId.get(id);
+        byId.delete(id);
+        return row;
+      });
+    });
+    this.sent = new Coalescer<SentRecord, void>(async (records) => {
+      await this.orm.em.fork().execute(
+        `update emails e set status = 'sent',
+           delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
+           message_id = v.message_id, html = v.html, text = v.text, sent_at = now(), failure_reason = null, updated_at = now()
+         from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, delivered boolean)
+         where e.id = v.id and e.status = 'sending'`,
+        [JSON.stringify(records)],
+        'run',
+      );
+      return records.map(() => undefined);
+    });
+  }
+
+  /** queued -> sending; undefined when the row is not queued (already claimed, sent or failed). */
+  claim(id: string): Promise<ClaimedRow | undefined> {
+    return this.claims.submit(id);
+  }
+
+  markSent(record: SentRecord): Promise<void> {
+    return this.sent.submit(record);
+  }
+
+  /** A rare write (failure, released claim): on its own. */
+  async finish(id: string, set: string, params: unknown[]): Promise<void> {
+    await this.orm.em.fork().execute(`update emails set ${set}, updated_at = now() where id = ? and status = 'sending'`, [...params, id], 'run');
+  }
+
+  async status(id: string): Promise<string> {
+    const [row] = await this.orm.em.fork().execute<{ status: string }[]>('select status from emails where id = ?', [id], 'all');
+    return row?.status ?? 'missing';
+  }
+}
+
 /**
  * Hands one email to the provider at most once (contract 15). The row is claimed with a
  * conditional update (queued -> sending) before anything is sent, so a retry, a stalled job
@@ -49,29 +121,20 @@ interface ClaimedRow {
  *   unless `finalAttempt`, then failed.
  */
 export async function deliverEmail(
-  em: EntityManager,
+  store: DeliveryStore,
   transport: MailTransport,
   emailId: string,
   options: { finalAttempt: boolean; log?: Logger },
 ): Promise<DeliverOutcome> {
-  const [row] = await em.execute<ClaimedRow[]>(
-    `update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
-     where id = ? and status = 'queued'
-     returning id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
-    [emailId],
-    'all',
-  );
-  if (!row) {
-    const [current] = await em.execute<{ status: string }[]>('select status from emails where id = ?', [emailId], 'all');
-    return { outcome: 'skipped', status: current?.status ?? 'missing' };
-  }
+  const row = await store.claim(emailId);
+  if (!row) return { outcome: 'skipped', status: await store.status(emailId) };
 
   let rendered: { html: string; text: string };
   try {
     rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
   } catch (error) {
     const reason = `rendering failed: ${(error as Error).message}`.slice(0, 1000);
-    await finish(em, emailId, `status = 'failed', failure_reason = ?`, [reason]);
+    await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
     return { outcome: 'failed', reason };
   }
 
@@ -96,41 +159,31 @@ export async function deliverEmail(
   } catch (error) {
     const { kind, reason } = classifySendError(error);
     if (kind === 'permanent' || (kind === 'transient' && options.finalAttempt)) {
-      await finish(em, emailId, `status = 'failed', failure_reason = ?`, [reason]);
+      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
       return { outcome: 'failed', reason };
     }
     // Not handed over: release the claim so the retry can take it again.
-    await finish(em, emailId, `status = 'queued', failure_reason = ?`, [reason]);
+    await store.finish(emailId, `status = 'queued', failure_reason = ?`, [reason]);
     throw new RetryLaterError(reason, kind === 'throttle');
   }
 
-  await finishAfterSend(
-    em,
-    emailId,
-    `status = 'sent', delivery_status = ${delivered ? `'delivered'` : 'delivery_status'}, message_id = ?, html = ?, text = ?, sent_at = now(), failure_reason = null`,
-    [messageId, rendered.html, rendered.text],
-    options.log,
-  );
+  await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
-}
-
-async function finish(em: EntityManager, id: string, set: string, params: unknown[]): Promise<void> {
-  await em.execute(`update emails set ${set}, updated_at = now() where id = ? and status = 'sending'`, [...params, id], 'run');
 }
 
 // After the provider accepted, the row must say so, or a later run would count it as an
 // interrupted hand-over: the write is retried for about half a minute before giving up.
 const RECORD_RETRIES = [200, 500, 1_000, 2_000, 5_000, 10_000, 15_000];
 
-async function finishAfterSend(em: EntityManager, id: string, set: string, params: unknown[], log?: Logger): Promise<void> {
+async function recordSent(store: DeliveryStore, record: SentRecord, log?: Logger): Promise<void> {
   for (let attempt = 0; ; attempt++) {
     try {
-      await finish(em, id, set, params);
+      await store.markSent(record);
       return;
     } catch (error) {
       const wait = RECORD_RETRIES[attempt];
       if (wait === undefined) {
-        log?.error({ err: error, emailId: id }, 'the provider accepted the email but its status could not be recorded');
+        log?.error({ err: error, emailId: record.id }, 'the provider accepted the email but its status could not be recorded');
         throw error;
       }
       await new Promise((resolve) => setTimeout(resolve, wait));

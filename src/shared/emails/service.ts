@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Orm } from '../db/orm.js';
+import { Coalescer } from './coalescer.js';
 import type { JobsOptions } from 'bullmq';
 import { createHash } from 'node:crypto';
 import { Email, type EmailSource } from '../db/entities/email.js';
@@ -174,53 +175,18 @@ export async function createEmails(
  * after its row is committed and its job enqueued (or left to the reconciler).
  */
 export class EmailWriter {
-  private pending: { input: NewEmail; resolve: (id: string) => void; reject: (error: unknown) => void }[] = [];
-  private inFlight = 0;
-  private scheduled = false;
+  private readonly coalescer: Coalescer<NewEmail, string>;
 
-  constructor(
-    private readonly orm: Orm,
-    private readonly deps: CreateEmailsDeps,
-    // Parallel writes (each a pool connection) and the most rows in one statement.
-    private readonly maxParallel = 4,
-    private readonly maxRows = 200,
-  ) {}
+  constructor(orm: Orm, deps: CreateEmailsDeps) {
+    this.coalescer = new Coalescer(async (inputs) => {
+      const ids = await insertEmails(orm.em.fork(), inputs);
+      await enqueueEmailSends(deps.producer, ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger);
+      return ids;
+    });
+  }
 
   write(input: NewEmail): Promise<string> {
-    return new Promise((resolve, reject) => {
-      this.pending.push({ input, resolve, reject });
-      this.schedule();
-    });
-  }
-
-  private schedule(): void {
-    if (this.scheduled || this.inFlight >= this.maxParallel || this.pending.length === 0) return;
-    this.scheduled = true;
-    // Lets requests parsed in the same turn of the event loop join this write.
-    setImmediate(() => {
-      this.scheduled = false;
-      this.flush();
-    });
-  }
-
-  private flush(): void {
-    if (this.inFlight >= this.maxParallel || this.pending.length === 0) return;
-    const items = this.pending.splice(0, this.maxRows);
-    this.inFlight++;
-    const run = async () => {
-      const inputs = items.map((i) => i.input);
-      const ids = await insertEmails(this.orm.em.fork(), inputs);
-      await enqueueEmailSends(this.deps.producer, ids.map((id, i) => ({ id, source: inputs[i]!.source })), this.deps.logger);
-      return ids;
-    };
-    run().then(
-      (ids) => items.forEach((item, i) => item.resolve(ids[i]!)),
-      (error: unknown) => items.forEach((item) => item.reject(error)),
-    ).finally(() => {
-      this.inFlight--;
-      this.schedule();
-    });
-    this.schedule();
+    return this.coalescer.submit(input);
   }
 }
 
