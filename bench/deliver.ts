@@ -59,6 +59,9 @@ try {
     await new Promise((r) => setTimeout(r, 100));
   }
   clearInterval(rssTimer);
+  // CPU the worker process used (user + system), from /proc: fields 14 and 15, in ticks.
+  const stat = (await readFile(`/proc/${worker.pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
+  const workerCpuMs = ((Number(stat[11]) + Number(stat[12])) / 100) * 1000;
   const [span] = await em.execute<{ first: Date; last: Date; sent: string; failed: string }[]>(
     `select min(claimed_at) as first, max(sent_at) as last, count(*) filter (where status = 'sent') as sent, count(*) filter (where status = 'failed') as failed from emails`,
   );
@@ -72,6 +75,7 @@ try {
   const rendered = renderEmail({ contentKind: 'markdown', content: body.markdown!, subject: body.subject, preview: body.preview });
   const transport = nodemailer.createTransport({ ...smtpConnection(sinkUrl), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity });
   let next = 0;
+  const directCpu = process.cpuUsage();
   const directStarted = Date.now();
   await Promise.all(
     Array.from({ length: DIRECT_CONCURRENCY }, async () => {
@@ -82,12 +86,16 @@ try {
     }),
   );
   const directRate = TOTAL / ((Date.now() - directStarted) / 1000);
+  const directUsage = process.cpuUsage(directCpu);
+  const directCpuMs = (directUsage.user + directUsage.system) / 1000;
   transport.close();
 
   console.log('');
   console.log(`workers: ${fmt(Number(span!.sent))} sent, ${span!.failed} failed in ${fmt(seconds, 2)} s = ${fmt(workerRate)} emails/s (target >= 800); sink received ${fmt(received)}`);
-  console.log(`worker peak RSS: ${fmt(peakRss / 1024 / 1024)} MiB`);
-  console.log(`direct nodemailer (same message pre-rendered, pool of ${MAX_CONNECTIONS}): ${fmt(directRate)} emails/s`);
+  console.log(`worker peak RSS: ${fmt(peakRss / 1024 / 1024)} MiB; worker CPU ${fmt(workerCpuMs / TOTAL, 3)} ms an email (start-up included)`);
+  console.log(`direct nodemailer (same message pre-rendered, pool of ${MAX_CONNECTIONS}): ${fmt(directRate)} emails/s; CPU ${fmt(directCpuMs / TOTAL, 3)} ms an email`);
+  const [load] = await readFile('/proc/loadavg', 'utf8').then((s) => s.split(' '));
+  console.log(`load average during the run: ${load} (2 cores)`);
   console.log(`ratio workers / direct: ${fmt(workerRate / directRate, 2)} (target >= 0.6)`);
 } finally {
   if (worker) await stop(worker);

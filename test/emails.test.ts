@@ -318,3 +318,25 @@ describe('lastEvent (spec 3.3)', () => {
   });
 });
 
+
+describe('renderEmail (contract 9)', () => {
+  it('keeps client HTML, adds the preheader after <body> and inlines its <style> block', async () => {
+    const { renderEmail } = await import('../src/shared/emails/render.js');
+    const { html, text } = renderEmail({
+      contentKind: 'html',
+      content: '<html><head><style>.cta { color: #ff0000; }</style></head><body><p class="cta">Buy</p></body></html>',
+      subject: 's',
+      preview: 'Sale <today>',
+    });
+    expect(html).toMatch(/<body><div class="preheader"[^>]*>Sale &lt;today&gt;<\/div><p class="cta" style="color: #ff0000;">Buy<\/p>/);
+    expect(text.trim()).toBe('Buy');
+  });
+
+  it('styles generated markdown and keeps a raw tag its own style', async () => {
+    const { renderEmail } = await import('../src/shared/emails/render.js');
+    const { html } = renderEmail({ contentKind: 'markdown', content: 'Hi <a href="https://x.test" style="color: red">x</a> [y](https://y.test)', subject: 's' });
+    expect(html).toContain('<a href="https://x.test" style="color: red">x</a>');
+    expect(html).toContain('<a href="https://y.test" style="color: #2563eb;">y</a>');
+    expect(html).not.toContain('class="preheader"');
+  });
+});
