@@ -340,3 +340,18 @@ describe('renderEmail (contract 9)', () => {
     expect(html).not.toContain('class="preheader"');
   });
 });
+
+describe('classifySendError', () => {
+  it.each([
+    [{ responseCode: 550, response: '550 No such user' }, 'permanent'],
+    [{ responseCode: 421, response: '421 Try later' }, 'throttle'],
+    [{ responseCode: 454, response: '454 Throttled' }, 'throttle'],
+    [{ responseCode: 432, response: '432 Temporary' }, 'transient'],
+    [{ responseCode: 535, code: 'EAUTH', response: '535 Bad credentials' }, 'transient'],
+    [{ code: 'ECONNECTION', message: 'connect ECONNREFUSED' }, 'transient'],
+    [{ code: 'ETIMEDOUT', message: 'Connection timeout' }, 'transient'],
+  ])('classifies %o as %s', async (error, kind) => {
+    const { classifySendError } = await import('../src/shared/emails/transport.js');
+    expect(classifySendError(error).kind).toBe(kind);
+  });
+});

@@ -186,6 +186,9 @@ export function classifySendError(error: unknown): { kind: SendFailureKind; reas
   const e = error as { responseCode?: number; response?: string; code?: string; message?: string };
   const reason = (e.response ?? e.message ?? String(error)).slice(0, 1000);
   const code = e.responseCode;
+  // The relay refused OUR credentials or TLS: a configuration problem to fix, not a verdict on
+  // this email, so it is retried with backoff (and the operator sees the warnings).
+  if (e.code === 'EAUTH' || e.code === 'ETLS' || e.code === 'ENOAUTH') return { kind: 'transient', reason };
   if (typeof code === 'number') {
     if (code >= 500) return { kind: 'permanent', reason };
     if (code >= 400) return { kind: THROTTLE_CODES.has(code) || THROTTLE_WORDING.test(reason) ? 'throttle' : 'transient', reason };
