@@ -1,4 +1,5 @@
 import { domainsProcessor } from './domains.js';
+import { emailsProcessor } from './emails.js';
 import { maintenanceProcessor } from './maintenance.js';
 import type { QueueProcessor } from './runner.js';
 import { subscribersProcessor } from './subscribers.js';
@@ -10,4 +11,5 @@ export const processors: QueueProcessor[] = [
   domainsProcessor as QueueProcessor,
   subscribersProcessor as QueueProcessor,
   workflowsProcessor as QueueProcessor,
+  emailsProcessor as QueueProcessor,
 ];

@@ -3,6 +3,7 @@ import { domainsRoutes } from './domains.js';
 import { eventsRoutes } from './events.js';
 import { subscribersRoutes } from './subscribers.js';
 import { tagsRoutes } from './tags.js';
+import { emailsRoutes } from './emails.js';
 import { tokensRoutes } from './tokens.js';
 import { verificationRoutes } from './verification.js';
 
@@ -14,4 +15,5 @@ export const v2Routes: Array<(app: App) => Promise<void>> = [
   tagsRoutes,
   eventsRoutes,
   verificationRoutes,
+  emailsRoutes,
 ];

@@ -23,6 +23,16 @@ export const queueRegistry = {
   },
   // Subscriber change events (triggerWorkflows), one job per change; see subscribers/workflow-events.ts.
   workflows: workflowJobs,
+  emails: {
+    // One job per email, jobId = the email id. `throttled` counts provider throttle answers.
+    send: z.object({ emailId: z.string(), throttled: z.number().int().min(0).optional() }),
+    // A batch accepted by the API: the worker fans it out into one `send` job per email.
+    'send-batch': z.object({ emailIds: z.array(z.string()).min(1).max(1000) }),
+    // Scheduled: re-enqueue queued emails whose job is missing; fail stale hand-overs.
+    reconcile: z.object({}),
+    // Scheduled: forget Idempotency-Key rows older than 24 h.
+    'purge-idempotency-keys': z.object({}),
+  },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;

@@ -1,5 +1,6 @@
 import { ApiTokenSchema } from './api-token.js';
 import { DomainSchema } from './domain.js';
+import { EmailSchema } from './email.js';
 import { OrganizationSchema } from './organization.js';
 import { SenderSchema } from './sender.js';
 import { SubscriberEventSchema } from './subscriber-event.js';
@@ -9,6 +10,7 @@ import { EmailVerificationSchema } from './email-verification.js';
 import { VerificationHistorySchema } from './verification-history.js';
 
 export { ApiToken } from './api-token.js';
+export { Email } from './email.js';
 export { Organization } from './organization.js';
 export { Domain, type DomainDnsRecord, type DomainStatus } from './domain.js';
 export { Sender } from './sender.js';
@@ -30,4 +32,5 @@ export const entities = [
   SubscriberEventSchema,
   EmailVerificationSchema,
   VerificationHistorySchema,
+  EmailSchema,
 ];
