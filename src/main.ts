@@ -19,7 +19,10 @@ const applied = await migrate(services.orm);
 if (applied.length > 0) logger.info({ applied }, 'applied migrations');
 const workers = await startWorkerProcess(services);
 const app = await startApi(services);
-logger.info(`mailroom is running on http://${config.host}:${config.port} (docs at /docs)`);
+// The bound address, not the configured one: PORT=0 lets the OS choose.
+const bound = app.server.address();
+const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
+logger.info(`mailroom is running on http://${where} (docs at /docs)`);
 onShutdown(logger, async () => {
   await app.close();
   await workers.close();
