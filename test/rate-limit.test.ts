@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
+import { RateLimiter } from '../src/api/plugins/auth.js';
 import type { App } from '../src/api/types.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
 import { createLogger } from '../src/shared/logger.js';
@@ -88,5 +89,45 @@ describe('rate limiting (contract 5: per token, in Redis)', () => {
   it('answers an unknown token 401, never 429', async () => {
     const unknown = `svc_${'a'.repeat(64)}`;
     for (let i = 0; i < LIMIT + 2; i++) expect((await get(ctx.app, unknown)).statusCode).toBe(401);
+  });
+});
+
+describe('RateLimiter (reservations of the window)', () => {
+  // A fixed instant, so a case never straddles two windows.
+  const now = (Math.floor(Date.now() / 1000) + 1) * 1000 + 100;
+  const withLimit = (limit: number, services: Services = ctx.services) =>
+    new RateLimiter({ ...services, config: { ...services.config, rateLimitPerSecond: limit } });
+  const tokenId = () => `tok_${Math.random().toString(36).slice(2)}`;
+
+  it('allows exactly the limit in one process, even for concurrent requests', async () => {
+    const limiter = withLimit(50);
+    const id = tokenId();
+    const decisions = await Promise.all(Array.from({ length: 70 }, () => limiter.take(id, now)));
+    const allowed = decisions.filter((d) => d.allowed);
+    expect(allowed).toHaveLength(50);
+    expect(new Set(allowed.map((d) => d.remaining)).size).toBeGreaterThan(1);
+    expect(Math.min(...allowed.map((d) => d.remaining))).toBe(0);
+    expect(decisions.filter((d) => !d.allowed).every((d) => d.remaining === 0)).toBe(true);
+    // The next second is a new window.
+    expect((await limiter.take(id, now + 1000)).allowed).toBe(true);
+  });
+
+  it('never allows more than the limit across processes, and refuses at most a little early', async () => {
+    const a = withLimit(50);
+    const b = withLimit(50, otherServices);
+    const id = tokenId();
+    const decisions = await Promise.all(Array.from({ length: 80 }, (_, i) => (i % 2 ? a : b).take(id, now)));
+    const allowed = decisions.filter((d) => d.allowed).length;
+    expect(allowed).toBeLessThanOrEqual(50);
+    expect(allowed).toBeGreaterThanOrEqual(40);
+  });
+
+  it('counts a small limit request by request', async () => {
+    const a = withLimit(3);
+    const b = withLimit(3, otherServices);
+    const id = tokenId();
+    const seen = [];
+    for (const limiter of [a, b, a, b]) seen.push(await limiter.take(id, now));
+    expect(seen.map((d) => [d.allowed, d.remaining])).toEqual([[true, 2], [true, 1], [true, 0], [false, 0]]);
   });
 });

@@ -3,7 +3,7 @@ import swaggerUi from '@fastify/swagger-ui';
 import Fastify, { LogController, type FastifyBaseLogger } from 'fastify';
 import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
-import { authHook, TokenCache } from './plugins/auth.js';
+import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { registerErrorHandling } from './plugins/errors.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
@@ -77,9 +77,10 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();
+  const rateLimiter = new RateLimiter(services);
   await app.register(
     async (v2) => {
-      v2.addHook('onRequest', authHook(services, tokenCache));
+      v2.addHook('onRequest', authHook(services, tokenCache, rateLimiter));
       for (const routes of v2Routes) await v2.register(routes);
     },
     { prefix: '/api/v2' },
