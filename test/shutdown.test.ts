@@ -1,4 +1,5 @@
 import http from 'node:http';
+import { createServer, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../src/shared/redis.js';
@@ -156,6 +157,53 @@ describe('npm start (src/main.ts)', () => {
     } finally {
       agent.destroy();
       proc.kill();
+    }
+  });
+});
+
+describe('npm run start:worker (src/workers/main.ts)', () => {
+  it('starts the queues of WORKER_QUEUES and exits 0 on SIGTERM', async () => {
+    const proc = runService('src/workers/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info', WORKER_QUEUES: 'maintenance' });
+    try {
+      await proc.waitFor(/"queues":\["maintenance"\].*workers started/);
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited).toBe(0);
+    } finally {
+      proc.kill();
+    }
+  });
+
+  it('exits 1 naming an unknown queue in WORKER_QUEUES', async () => {
+    const proc = runService('src/workers/main.ts', [], { ...ctx.env.env, WORKER_QUEUES: 'maintenance,nope' });
+    expect(await proc.exited).toBe(1);
+    expect(proc.stdout() + proc.stderr()).toMatch(/WORKER_QUEUES.*nope/);
+  });
+});
+
+describe('a signal during start-up', () => {
+  it('is not fatal: the API stops gracefully once started', async () => {
+    // A "Redis" that accepts connections and never answers holds start-up for its 3 s wait.
+    const sockets: Socket[] = [];
+    const silent = createServer((socket) => sockets.push(socket));
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const { port } = silent.address() as { port: number };
+    const proc = runService('src/api/server.ts', [], {
+      ...ctx.env.env,
+      PORT: '0',
+      LOG_LEVEL: 'info',
+      REDIS_URL: `redis://127.0.0.1:${port}`,
+      SECRET_KEY: '', // unset: start-up logs a warning first, which tells the test it has begun
+    });
+    try {
+      await proc.waitFor(/SECRET_KEY is not set/);
+      await sleep(500);
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited).toBe(0);
+      expect(proc.stdout()).toMatch(/signal received while starting[\s\S]*shutting down/);
+    } finally {
+      proc.kill();
+      sockets.forEach((socket) => socket.destroy());
+      await new Promise((resolve) => silent.close(resolve));
     }
   });
 });
