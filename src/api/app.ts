@@ -10,6 +10,7 @@ import { registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
+import { providerWebhookRoutes, trackingRoutes } from './routes/tracking.js';
 import type { App } from './types.js';
 
 export interface BuildAppOptions {
@@ -80,6 +81,8 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(healthRoutes);
   await app.register(adminDashboard);
   await app.register(confirmRoutes);
+  await app.register(trackingRoutes);
+  await app.register(providerWebhookRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();

@@ -124,7 +124,7 @@ export async function deliverEmail(
   store: DeliveryStore,
   transport: MailTransport,
   emailId: string,
-  options: { finalAttempt: boolean; log?: Logger },
+  options: { finalAttempt: boolean; log?: Logger; /** Adds open/click tracking to the HTML handed over (not stored). */ decorateHtml?: (html: string) => string },
 ): Promise<DeliverOutcome> {
   const row = await store.claim(emailId);
   if (!row) return { outcome: 'skipped', status: await store.status(emailId) };
@@ -150,7 +150,7 @@ export async function deliverEmail(
       bcc: row.bcc,
       replyTo: row.reply_to,
       subject: row.subject,
-      html: rendered.html,
+      html: options.decorateHtml ? options.decorateHtml(rendered.html) : rendered.html,
       text: rendered.text,
       messageId,
       fromDomain,

@@ -8,6 +8,8 @@ import { SubscriberSchema } from './subscriber.js';
 import { SubscriberTagSchema, TagSchema } from './tag.js';
 import { EmailVerificationSchema } from './email-verification.js';
 import { VerificationHistorySchema } from './verification-history.js';
+import { EmailEventSchema } from './email-event.js';
+import { SuppressionSchema } from './suppression.js';
 
 export { ApiToken } from './api-token.js';
 export { Email } from './email.js';
@@ -19,6 +21,8 @@ export { SubscriberEvent } from './subscriber-event.js';
 export { SubscriberTag, Tag } from './tag.js';
 export { EmailVerification } from './email-verification.js';
 export { VerificationHistory } from './verification-history.js';
+export { EmailEvent, type EmailEventType } from './email-event.js';
+export { Suppression, type SuppressionReason } from './suppression.js';
 
 /** Every entity of the service; each feature appends its own, one a line. */
 export const entities = [
@@ -33,4 +37,6 @@ export const entities = [
   EmailVerificationSchema,
   VerificationHistorySchema,
   EmailSchema,
+  EmailEventSchema,
+  SuppressionSchema,
 ];
