@@ -10,11 +10,13 @@ import { TrackingRecorder } from '../../shared/outcomes/recorder.js';
 import { readClickToken, readOpenToken } from '../../shared/outcomes/tokens.js';
 import type { App } from '../types.js';
 
-// A transparent 1x1 GIF (43 bytes).
+// A transparent 1x1 GIF.
 const PIXEL = Buffer.from('R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7', 'base64');
 const NO_STORE = 'no-store, no-cache, must-revalidate, private';
 
-const TokenParams = z.object({ token: z.string().max(4_000) });
+// Wildcard routes: a click token carries its URL and may exceed the router's 100-character
+// limit on a named parameter.
+const TokenParams = z.object({ '*': z.string().max(8_000) });
 
 function client(request: FastifyRequest) {
   const ua = request.headers['user-agent'];
@@ -37,13 +39,13 @@ export async function trackingRoutes(app: App): Promise<void> {
     if (!read) throw new NotFoundError('This tracking link is not valid');
     return read;
   };
-  app.get('/t/o/:token', pixel, async (request, reply) => {
-    const { emailId } = openOf(request.params.token);
+  app.get('/t/o/*', pixel, async (request, reply) => {
+    const { emailId } = openOf(request.params['*']);
     recorder.record({ emailId, type: 'open', at: app.services.clock(), url: null, ...client(request) });
     return reply.type('image/gif').header('cache-control', NO_STORE).send(PIXEL);
   });
-  app.head('/t/o/:token', pixel, async (request, reply) => {
-    openOf(request.params.token);
+  app.head('/t/o/*', pixel, async (request, reply) => {
+    openOf(request.params['*']);
     return reply.type('image/gif').header('cache-control', NO_STORE).header('content-length', PIXEL.length).send();
   });
 
@@ -53,13 +55,13 @@ export async function trackingRoutes(app: App): Promise<void> {
     if (!read) throw new NotFoundError('This tracking link is not valid');
     return read;
   };
-  app.get('/t/c/:token', click, async (request, reply) => {
-    const { emailId, url } = clickOf(request.params.token);
+  app.get('/t/c/*', click, async (request, reply) => {
+    const { emailId, url } = clickOf(request.params['*']);
     recorder.record({ emailId, type: 'click', at: app.services.clock(), url, ...client(request) });
     return reply.header('cache-control', NO_STORE).redirect(url, 302);
   });
-  app.head('/t/c/:token', click, async (request, reply) => {
-    const { url } = clickOf(request.params.token);
+  app.head('/t/c/*', click, async (request, reply) => {
+    const { url } = clickOf(request.params['*']);
     return reply.header('cache-control', NO_STORE).redirect(url, 302);
   });
 }
