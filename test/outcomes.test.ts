@@ -1,6 +1,7 @@
 import { createHmac } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
+import { insertEmails } from '../src/shared/emails/service.js';
 import { writeHits } from '../src/shared/outcomes/recorder.js';
 import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
 import { createRedis } from '../src/shared/redis.js';
@@ -112,6 +113,15 @@ const LINKS_HTML = `<html><body>
 </body></html>`;
 
 describe('lifecycle over SMTP', () => {
+  it('reads queued until the email is handed over', async () => {
+    // Inserted without a job: nothing hands it over, so it stays queued.
+    const [id] = await insertEmails(ctx.services.orm.em.fork(), [
+      { organizationId, from: 'news@acme.test', to: 'later@example.com', subject: 'Later', contentKind: 'html', content: '<p>x</p>' },
+    ]);
+    expect((await getEmail(id!)).last_event).toBe('queued');
+    expect(await listed(id!)).toBe('queued');
+  });
+
   it('goes queued -> sent -> delivered -> opened -> clicked by following its own pixel and links', async () => {
     const id = await send('jane@example.com', LINKS_HTML);
     const queued = await getEmail(id);
