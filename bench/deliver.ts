@@ -12,7 +12,7 @@ import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
 // pre-rendered message to the same sink directly, in the same run.
 const TOTAL = Number(process.env.BENCH_EMAILS ?? 20_000);
 const DIRECT_CONCURRENCY = 64;
-const MAX_CONNECTIONS = 8; // as the service's SMTP pool
+const MAX_CONNECTIONS = 16; // as the service's SMTP pool
 
 const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
 const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
