@@ -127,26 +127,31 @@ export class TrackingRecorder {
  * (images blocked): docs/outcomes.md.
  */
 export async function writeHits(em: EntityManager, hits: TrackingHit[]): Promise<void> {
+  // Bound parameters (MikroORM's `execute` would inline the JSON into the SQL text),
+  // inside the caller's transaction.
+  const query = async <T>(sql: string, params: unknown[]): Promise<T[]> => {
+    const statement = em.getConnection().getKnex().raw(sql, params as never[]);
+    const trx = em.getTransactionContext();
+    return ((await (trx ? statement.transacting(trx) : statement)) as { rows: T[] }).rows;
+  };
   const json = JSON.stringify(
     hits.map((h) => ({ email_id: h.emailId, type: h.type, at: h.at.toISOString(), ip: h.ip, ua: h.userAgent, url: h.url })),
   );
   const hitsSql = `jsonb_to_recordset(?::jsonb) as h(email_id text, type text, at timestamptz, ip text, ua text, url text)`;
-  await em.execute(
+  await query(
     `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
      select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url from ${hitsSql} join emails e on e.id = h.email_id`,
     [json],
-    'run',
   );
   const firsts = (type: 'open' | 'click') => {
     const column = type === 'open' ? 'first_opened_at' : 'first_clicked_at';
-    return em.execute<Newly[]>(
+    return query<Newly>(
       `update emails e set ${column} = f.at, updated_at = now()
        from (select h.email_id, min(h.at) as at from ${hitsSql} ${type === 'click' ? `where h.type = 'click'` : ''} group by h.email_id) f
        where e.id = f.email_id and e.${column} is null
        returning e.id, e.campaign_id, ${TO_ADDRESS_SQL} as address,
          (e.status = 'sent' and coalesce(e.delivery_status, 'delivered') = 'delivered') as proven`,
       [json],
-      'all',
     );
   };
   // Two batches locking the same rows in opposite orders may deadlock: PostgreSQL aborts
