@@ -59,9 +59,9 @@ export async function applyProviderEvent(
     const bounceType = event.type === 'bounced' ? (event.bounceType ?? 'hard') : undefined;
     const details = { ...(bounceType ? { bounceType } : {}), ...(event.diagnostic ? { diagnostic: event.diagnostic } : {}) };
 
-    const inserted = await tx.execute<{ id: string }[]>(
+    const inserted = await tx.execute<{ email_id: string }[]>(
       `insert into email_events (email_id, organization_id, type, occurred_at, details) values (?, ?, ?, ?, ?::jsonb)
-       on conflict (email_id, type) where type in ('delivered', 'bounced', 'complained') do nothing returning id`,
+       on conflict (email_id, type) where type in ('delivered', 'bounced', 'complained') do nothing returning email_id`,
       [email.id, email.organization_id, event.type, deps.now, JSON.stringify(details)],
       'all',
     );

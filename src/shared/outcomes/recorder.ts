@@ -42,7 +42,18 @@ interface Newly {
  * campaign counters and verification history fed for the emails that changed). `close()`
  * writes what is buffered (graceful shutdown loses no hit).
  */
+/**
+ * Emails whose first open / first click this process has seen written: their later hits
+ * skip the conditional updates (a cache only: the `is null` condition stays the guard).
+ */
+export interface KnownFirsts {
+  opened: Set<string>;
+  clicked: Set<string>;
+}
+const KNOWN_MAX = 100_000;
+
 export class TrackingRecorder {
+  private readonly known: KnownFirsts = { opened: new Set(), clicked: new Set() };
   private buffer: TrackingHit[] = [];
   private timer: NodeJS.Timeout | undefined;
   private draining: Promise<void> | undefined;
@@ -98,12 +109,23 @@ export class TrackingRecorder {
     });
   }
 
+  /** After the commit: every email of the batch now has its first open (and click, if clicked). */
+  private remember(batch: TrackingHit[]): void {
+    if (this.known.opened.size > KNOWN_MAX) this.known.opened.clear();
+    if (this.known.clicked.size > KNOWN_MAX) this.known.clicked.clear();
+    for (const hit of batch) {
+      this.known.opened.add(hit.emailId);
+      if (hit.type === 'click') this.known.clicked.add(hit.emailId);
+    }
+  }
+
   private async drain(): Promise<void> {
     let failures = 0;
     while (this.buffer.length > 0) {
       const batch = this.buffer.splice(0, this.o.maxBatch);
       try {
-        await this.orm.em.fork().transactional((em) => writeHits(em as EntityManager, batch));
+        await this.orm.em.fork().transactional((em) => writeHits(em as EntityManager, batch, this.known));
+        this.remember(batch);
         failures = 0;
       } catch (error) {
         failures++;
@@ -126,7 +148,7 @@ export class TrackingRecorder {
  * campaign counter moves, exactly once. A click is also the email's open when none was seen
  * (images blocked): docs/outcomes.md.
  */
-export async function writeHits(em: EntityManager, hits: TrackingHit[]): Promise<void> {
+export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: KnownFirsts): Promise<void> {
   // Bound parameters (MikroORM's `execute` would inline the JSON into the SQL text),
   // inside the caller's transaction.
   const query = async <T>(sql: string, params: unknown[]): Promise<T[]> => {
@@ -134,24 +156,36 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[]): Promise
     const trx = em.getTransactionContext();
     return ((await (trx ? statement.transacting(trx) : statement)) as { rows: T[] }).rows;
   };
-  const json = JSON.stringify(
-    hits.map((h) => ({ email_id: h.emailId, type: h.type, at: h.at.toISOString(), ip: h.ip, ua: h.userAgent, url: h.url })),
-  );
-  const hitsSql = `jsonb_to_recordset(?::jsonb) as h(email_id text, type text, at timestamptz, ip text, ua text, url text)`;
   await query(
     `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
-     select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url from ${hitsSql} join emails e on e.id = h.email_id`,
-    [json],
+     select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
+     from jsonb_to_recordset(?::jsonb) as h(email_id text, type text, at timestamptz, ip text, ua text, url text)
+     join emails e on e.id = h.email_id`,
+    [JSON.stringify(hits.map((h) => ({ email_id: h.emailId, type: h.type, at: h.at.toISOString(), ip: h.ip, ua: h.userAgent, url: h.url })))],
   );
-  const firsts = (type: 'open' | 'click') => {
+
+  // The earliest hit per email, leaving out the emails this process already saw set.
+  const earliest = (type: 'open' | 'click') => {
+    const seen = type === 'open' ? known?.opened : known?.clicked;
+    const first = new Map<string, Date>();
+    for (const h of hits) {
+      if ((type === 'click' && h.type !== 'click') || seen?.has(h.emailId)) continue;
+      const at = first.get(h.emailId);
+      if (!at || h.at < at) first.set(h.emailId, h.at);
+    }
+    return [...first].map(([id, at]) => ({ id, at: at.toISOString() }));
+  };
+  const firsts = async (type: 'open' | 'click') => {
+    const candidates = earliest(type);
+    if (candidates.length === 0) return [];
     const column = type === 'open' ? 'first_opened_at' : 'first_clicked_at';
     return query<Newly>(
       `update emails e set ${column} = f.at, updated_at = now()
-       from (select h.email_id, min(h.at) as at from ${hitsSql} ${type === 'click' ? `where h.type = 'click'` : ''} group by h.email_id) f
-       where e.id = f.email_id and e.${column} is null
+       from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
+       where e.id = f.id and e.${column} is null
        returning e.id, e.campaign_id, ${TO_ADDRESS_SQL} as address,
          (e.status = 'sent' and coalesce(e.delivery_status, 'delivered') = 'delivered') as proven`,
-      [json],
+      [JSON.stringify(candidates)],
     );
   };
   // Two batches locking the same rows in opposite orders may deadlock: PostgreSQL aborts

@@ -8,7 +8,6 @@ import { SubscriberSchema } from './subscriber.js';
 import { SubscriberTagSchema, TagSchema } from './tag.js';
 import { EmailVerificationSchema } from './email-verification.js';
 import { VerificationHistorySchema } from './verification-history.js';
-import { EmailEventSchema } from './email-event.js';
 import { SuppressionSchema } from './suppression.js';
 
 export { ApiToken } from './api-token.js';
@@ -21,7 +20,6 @@ export { SubscriberEvent } from './subscriber-event.js';
 export { SubscriberTag, Tag } from './tag.js';
 export { EmailVerification } from './email-verification.js';
 export { VerificationHistory } from './verification-history.js';
-export { EmailEvent, type EmailEventType } from './email-event.js';
 export { Suppression, type SuppressionReason } from './suppression.js';
 
 /** Every entity of the service; each feature appends its own, one a line. */
@@ -37,6 +35,5 @@ export const entities = [
   EmailVerificationSchema,
   VerificationHistorySchema,
   EmailSchema,
-  EmailEventSchema,
   SuppressionSchema,
 ];
