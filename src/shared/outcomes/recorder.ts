@@ -93,6 +93,8 @@ export class TrackingRecorder {
 
   private kick(): void {
     if (this.draining || this.timer) return;
+    // A hit that arrives while the app closes is written at once.
+    if (this.closing) return this.startDrain();
     this.timer = setTimeout(() => {
       this.timer = undefined;
       this.startDrain();
