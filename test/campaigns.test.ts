@@ -272,3 +272,185 @@ describe('POST /api/v2/campaigns/:id/send (spec 4.11)', () => {
     expect((await api('DELETE', `/campaigns/${c.id}`)).statusCode).toBe(404);
   });
 });
+
+describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (contract 8, 10)', () => {
+  const MAILY = {
+    type: 'doc',
+    content: [
+      { type: 'logo', attrs: { src: 'https://cdn.example.test/logo.png', alt: 'Acme', size: 'md', alignment: 'left' } },
+      { type: 'heading', attrs: { level: 1 }, content: [{ type: 'text', text: 'Maily news' }] },
+      {
+        type: 'paragraph',
+        content: [
+          { type: 'text', text: 'Hi ' },
+          { type: 'variable', attrs: { id: 'name' } },
+          { type: 'text', text: ', plan ' },
+          { type: 'variable', attrs: { id: 'fields.plan' } },
+          { type: 'text', text: ' see ' },
+          { type: 'text', text: 'our site', marks: [{ type: 'link', attrs: { href: 'https://example.test/site' } }, { type: 'bold' }] },
+        ],
+      },
+      { type: 'bulletList', content: [{ type: 'listItem', content: [{ type: 'paragraph', content: [{ type: 'text', text: 'item one' }] }] }] },
+      { type: 'image', attrs: { src: 'https://cdn.example.test/pic.png', alt: 'Picture' } },
+      { type: 'spacer', attrs: { height: 24 } },
+      { type: 'button', attrs: { text: 'Read more', url: 'https://example.test/more', alignment: 'center' } },
+      { type: 'columns', content: [{ type: 'column', attrs: { width: 50 }, content: [{ type: 'paragraph', content: [{ type: 'text', text: 'left col' }] }] }] },
+      { type: 'footer', content: [{ type: 'text', text: 'Unsubscribe', marks: [{ type: 'link', attrs: { href: '{{unsubscribe_url}}' } }] }] },
+    ],
+  };
+  const PLATE = [
+    { type: 'h2', children: [{ text: 'Plate news' }] },
+    { type: 'p', children: [{ text: 'Hi ' }, { text: '{{name}}', bold: true }, { text: ' on {{fields.plan}}, ' }, { type: 'a', url: 'https://example.test/p', children: [{ text: 'link' }] }] },
+    { type: 'blockquote', children: [{ text: 'quoted', italic: true }] },
+    { type: 'ul', children: [{ type: 'li', children: [{ type: 'lic', children: [{ text: 'plate item' }] }] }] },
+    { type: 'code_block', children: [{ type: 'code_line', children: [{ text: 'const a = 1;' }] }] },
+    { type: 'img', url: 'https://cdn.example.test/p.png', children: [{ text: '' }] },
+    { type: 'p', children: [{ type: 'a', url: '{{unsubscribe_url}}', children: [{ text: 'Unsubscribe' }] }] },
+  ];
+  const MARKDOWN = `# Markdown news\n\nHi **{{name}}** <{{email}}> on {{fields.plan}}, unknown "{{nope}}".\n\n- md item\n\n[Unsubscribe]({{unsubscribe_url}})`;
+
+  it.each([
+    ['MARKDOWN', MARKDOWN, 'Markdown news', ['md item']],
+    ['MAILY', MAILY, 'Maily news', ['item one', 'Read more', 'https://example.test/more', 'https://cdn.example.test/pic.png', 'left col']],
+    ['PLATE', PLATE, 'Plate news', ['plate item', 'const a = 1;', 'https://cdn.example.test/p.png', 'quoted']],
+  ] as const)('%s', async (contentType, content, heading, expected) => {
+    await startAllWorkers();
+    const tag = `t${contentType.toLowerCase()}`;
+    const domain = `${contentType.toLowerCase()}.test`;
+    // Matching: tagged and SUBSCRIBED; one has a name with HTML in it (escaped).
+    const matching = [
+      await subscriber(`ann@${domain}`, { name: 'Ann <b>&</b>', tags: [tag], fields: { plan: 'pro' } }),
+      await subscriber(`bob@${domain}`, { name: 'Bob', tags: [tag], fields: { plan: 'free' } }),
+      await subscriber(`cid@${domain}`, { tags: [tag] }),
+    ];
+    await subscriber(`out@${domain}`, { name: 'Not tagged' });
+    const gone = await subscriber(`gone@${domain}`, { tags: [tag] });
+    await api('POST', `/subscribers/${gone.id}/unsubscribe`, {});
+
+    const c = await createCampaign({ contentType, content, subject: 'News for {{name}}', recipientFilters: [{ type: 'tag', op: 'has', value: tag }] });
+    const sent = await api('POST', `/campaigns/${c.id}/send`, {});
+    expect(sent.statusCode, sent.body).toBe(200);
+    expect(sent.json().recipientCount).toBe(3);
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done).toMatchObject({ emailsSentCount: 3, recipientCount: 3 });
+    expect(done.sendAt).not.toBeNull();
+    const mails = await waitFor(async () => {
+      const got = sink.messages.filter((m) => m.to && JSON.stringify(m.to).includes(`@${domain}`));
+      return got.length >= 3 && got;
+    });
+    await new Promise((r) => setTimeout(r, 100));
+    expect(sink.messages.filter((m) => JSON.stringify(m.to).includes(`@${domain}`))).toHaveLength(3);
+    for (const s of matching) {
+      const mail = mails.find((m) => JSON.stringify(m.to).includes(s.email))!;
+      expect(mail, s.email).toBeDefined();
+      const html = String(mail.html);
+      expect(html).toContain(heading);
+      for (const e of expected) expect(html).toContain(e);
+      expect(mail.subject).toBe(`News for ${s.name ?? ''}`.trim());
+      if (s.name === 'Ann <b>&</b>') {
+        expect(html).toContain('Ann &lt;b&gt;&amp;&lt;/b&gt;');
+        expect(html).not.toContain('<b>&</b>');
+        expect(html).toContain('pro');
+      }
+      if (contentType === 'MARKDOWN') {
+        expect(html).toContain(s.email);
+        expect(html).toContain('unknown &quot;&quot;');
+      }
+      const listUnsub = mail.headerLines.find((h) => h.key === 'list-unsubscribe')?.line ?? '';
+      const url = /<(http[^>]+)>/.exec(listUnsub)![1]!;
+      expect(mail.headerLines.find((h) => h.key === 'list-unsubscribe-post')?.line).toBe('List-Unsubscribe-Post: List-Unsubscribe=One-Click');
+      expect(html).toContain(`href="${url}"`);
+      expect(html).not.toContain('unsubscribe_url');
+      const path = new URL(url).pathname;
+      // GET shows a confirm page and changes nothing.
+      const page = await ctx.app.inject({ method: 'GET', url: path });
+      expect(page.statusCode).toBe(200);
+      expect(page.body).toContain('<form method="post"');
+      expect((await api('GET', `/subscribers/${s.id}`)).json().status).toBe('SUBSCRIBED');
+      // RFC 8058 one-click POST unsubscribes.
+      const post = await ctx.app.inject({
+        method: 'POST',
+        url: path,
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        payload: 'List-Unsubscribe=One-Click',
+      });
+      expect(post.statusCode, post.body).toBe(200);
+      expect((await api('GET', `/subscribers/${s.id}`)).json().status).toBe('UNSUBSCRIBED');
+      // Forged: 404.
+      const forged = await ctx.app.inject({ method: 'POST', url: `${path.slice(0, -2)}xx` });
+      expect(forged.statusCode).toBe(404);
+      expect((await ctx.app.inject({ method: 'GET', url: '/u/forged.token' })).statusCode).toBe(404);
+    }
+    // Campaign emails are readable by id but not listed.
+    const [row] = await sql<{ id: string }>(`select id from emails where campaign_id = ? limit 1`, [c.id]);
+    const byId = await api('GET', `/emails/${row!.id}`);
+    expect(byId.statusCode).toBe(200);
+    const listed = (await api('GET', '/emails?limit=100')).json().data.map((e: { id: string }) => e.id);
+    expect(listed).not.toContain(row!.id);
+  });
+
+  it('sends a test email (source test), not listed', async () => {
+    await startAllWorkers();
+    const c = await createCampaign({ content: `Test **{{email}}**${UNSUB_MD}` });
+    const res = await api('POST', `/campaigns/${c.id}/test`, { to: 'tester@qa.test' });
+    expect(res.statusCode, res.body).toBe(200);
+    const mail = await waitFor(async () => sink.messages.find((m) => JSON.stringify(m.to).includes('tester@qa.test')));
+    expect(String(mail.html)).toContain('tester@qa.test');
+    const [row] = await sql<{ source: string }>('select source from emails where id = ?', [res.json().id]);
+    expect(row!.source).toBe('test');
+    expect((await api('GET', '/emails?limit=100')).json().data.map((e: { id: string }) => e.id)).not.toContain(res.json().id);
+    expect((await api('GET', `/campaigns/${c.id}`)).json().status).toBe('DRAFT');
+    expect((await api('POST', `/campaigns/${c.id}/test`, { to: 'nope' })).statusCode).toBe(422);
+  });
+});
+
+describe('fan-out edge cases', () => {
+  it('skips a recipient who unsubscribes during the fan-out and still completes', async () => {
+    // Only the fan-out runs: the emails stay queued until the send worker starts.
+    const o = await createOrg(ctx.services, { name: 'Edge' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'edge@edge.test');
+    await workers?.close();
+    workers = undefined;
+    const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
+    const subs = [];
+    for (const e of ['x1', 'x2', 'x3', 'x4']) subs.push((await api('POST', '/subscribers', { email: `${e}@edge.test` }, o.token)).json());
+    const c = (await api('POST', '/campaigns', { name: 'edge', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
+    await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    expect((await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json().status).toBe('SENDING');
+    await api('POST', `/subscribers/${subs[1].id}/unsubscribe`, {}, o.token);
+    await fanOnly.close();
+    await startAllWorkers();
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done.emailsSentCount).toBe(3);
+    const rows = await sql<{ to_address: string; status: string }>('select to_address, status from emails where campaign_id = ? order by to_address', [c.id]);
+    expect(rows.map((r) => r.status)).toEqual(['sent', 'failed', 'sent', 'sent']);
+    expect(sink.messages.some((m) => JSON.stringify(m.to).includes('x2@edge.test'))).toBe(false);
+  });
+
+  it('deleting a SENDING campaign stops the rest', async () => {
+    const o = await createOrg(ctx.services, { name: 'Stop' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'stop@stop.test');
+    for (const e of ['y1', 'y2']) await api('POST', '/subscribers', { email: `${e}@stop.test` }, o.token);
+    const c = (await api('POST', '/campaigns', { name: 'stop', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    // Move it to SENDING with emails queued but not sent: no send worker for this org's mail.
+    await workers?.close();
+    workers = undefined;
+    const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
+    await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
+    await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    expect((await api('DELETE', `/campaigns/${c.id}`, undefined, o.token)).json()).toEqual({ object: 'campaign', id: c.id, deleted: true });
+    await fanOnly.close();
+    await startAllWorkers();
+    await new Promise((r) => setTimeout(r, 300));
+    const rows = await sql<{ status: string; failure_reason: string }>('select status, failure_reason from emails where campaign_id = ?', [c.id]);
+    expect(rows.map((r) => r.status)).toEqual(['failed', 'failed']);
+    expect(sink.messages.some((m) => JSON.stringify(m.to).includes('@stop.test'))).toBe(false);
+  });
+});

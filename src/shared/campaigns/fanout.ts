@@ -135,7 +135,7 @@ async function writePage(
 ): Promise<string[] | null> {
   const params: unknown[] = [];
   for (const r of page) {
-    const url = unsubscribeUrl(deps.publicUrl, unsubscribeToken(deps.signer, r.id, campaign.id));
+    const url = unsubscribeUrl(deps.publicUrl, unsubscribeToken(deps.signer, r.id));
     const lookup = variablesOf(r, url);
     params.push(
       newId('eml'),

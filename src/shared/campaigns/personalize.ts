@@ -18,8 +18,9 @@ export interface Recipient {
   fields: Record<string, string> | null;
 }
 
-export function unsubscribeToken(signer: LinkSigner, subscriberId: string, campaignId: string | null): string {
-  return signer.sign(UNSUBSCRIBE_PURPOSE, campaignId ? `${subscriberId} ${campaignId}` : subscriberId);
+/** Signs the subscriber id only: Fastify caps a path parameter at 100 characters. */
+export function unsubscribeToken(signer: LinkSigner, subscriberId: string): string {
+  return signer.sign(UNSUBSCRIBE_PURPOSE, subscriberId);
 }
 
 export function unsubscribeUrl(publicUrl: string, token: string): string {

@@ -5,7 +5,7 @@ import { unsubscribeSubscriber } from '../subscribers/service.js';
 import { UNSUBSCRIBE_PURPOSE } from './personalize.js';
 
 /**
- * `/u/{token}` (contract 10): the token signs "subscriberId campaignId". GET only reads
+ * `/u/{token}` (contract 10): the token signs the subscriber id. GET only reads
  * (link scanners open links); POST, from the page's button or a mail client's RFC 8058
  * one-click request, unsubscribes.
  */
