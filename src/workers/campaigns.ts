@@ -27,12 +27,13 @@ function fanOutDeps(ctx: JobContext): FanOutDeps {
  * Queue `campaigns`: `fan-out` (jobId = campaign id, delayed until scheduledAt) starts a
  * SCHEDULED campaign and writes its emails page by page; `complete` moves it to SENT/FAILED
  * when no email is pending; `reconcile` re-adds lost jobs. A killed worker's fan-out job is
- * taken over after its lock expires (10 s) and resumes from the campaign's cursor.
+ * taken over after its lock expires (5 s) and resumes from the campaign's cursor.
  */
 export const campaignsProcessor = defineProcessor({
   queue: 'campaigns',
   concurrency: 4,
-  workerOptions: { lockDuration: 10_000, stalledInterval: 5_000, maxStalledCount: 10 },
+  // A short lock: a killed worker's fan-out is taken over within about 7 s.
+  workerOptions: { lockDuration: 5_000, stalledInterval: 2_000, maxStalledCount: 10 },
   handlers: {
     'fan-out': async (payload, ctx) => ({ result: await runFanOut(ctx.em, fanOutDeps(ctx), payload.campaignId) }),
     complete: async (payload, ctx) => {
