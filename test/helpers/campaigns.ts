@@ -1,15 +1,20 @@
+import { generateKeyPairSync } from 'node:crypto';
 import type { Services } from '../../src/shared/container.js';
 import { newId } from '../../src/shared/ids.js';
 
-/** A domain and a sender of the organization, written directly (no DNS needed). */
+// One DKIM key for every test domain: the send path signs mail from a domain of the organization.
+let privateKey: string | undefined;
+
+/** A domain (VERIFIED, with a DKIM key) and a sender of the organization, written directly (no DNS needed). */
 export async function createSenderRow(services: Services, organizationId: string, email = 'news@example.test', name = 'Acme News'): Promise<string> {
+  privateKey ??= generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
   const em = services.orm.em.fork();
   const domainId = newId('dom');
   const senderId = newId('snd');
   await em.execute(
     `insert into domains (id, organization_id, domain, region, status, dkim_selector, dkim_private_key_sealed, dns_records, created_at, updated_at)
-     values (?, ?, ?, 'eu-west-1', 'VERIFIED', 'mr', 'x', '[]'::jsonb, now(), now())`,
-    [domainId, organizationId, email.split('@')[1]],
+     values (?, ?, ?, 'eu-west-1', 'VERIFIED', 'mr', ?, '[]'::jsonb, now(), now())`,
+    [domainId, organizationId, email.split('@')[1], services.box.seal(privateKey)],
     'run',
   );
   await em.execute(`insert into senders (id, organization_id, domain_id, name, email, created_at) values (?, ?, ?, ?, ?, now())`, [senderId, organizationId, domainId, name, email], 'run');
