@@ -6,7 +6,14 @@ import { newId } from '../../src/shared/ids.js';
 let privateKey: string | undefined;
 
 /** A domain (VERIFIED, with a DKIM key) and a sender of the organization, written directly (no DNS needed). */
-export async function createSenderRow(services: Services, organizationId: string, email = 'news@example.test', name = 'Acme News'): Promise<string> {
+export async function createSenderRow(
+  services: Services,
+  organizationId: string,
+  email = 'news@example.test',
+  name = 'Acme News',
+  /** The domain row's name; another name than the sender's leaves its mail unsigned. */
+  domainName = email.split('@')[1]!,
+): Promise<string> {
   privateKey ??= generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
   const em = services.orm.em.fork();
   const domainId = newId('dom');
@@ -14,7 +21,7 @@ export async function createSenderRow(services: Services, organizationId: string
   await em.execute(
     `insert into domains (id, organization_id, domain, region, status, dkim_selector, dkim_private_key_sealed, dns_records, created_at, updated_at)
      values (?, ?, ?, 'eu-west-1', 'VERIFIED', 'mr', ?, '[]'::jsonb, now(), now())`,
-    [domainId, organizationId, email.split('@')[1], services.box.seal(privateKey)],
+    [domainId, organizationId, domainName, services.box.seal(privateKey)],
     'run',
   );
   await em.execute(`insert into senders (id, organization_id, domain_id, name, email, created_at) values (?, ?, ?, ?, ?, now())`, [senderId, organizationId, domainId, name, email], 'run');
