@@ -27,7 +27,7 @@ try {
     logger: bench.services.logger,
     pageSize: bench.config.campaignFanoutPage,
     now: () => new Date(),
-    metrics: { campaignRecipientsQueued: { inc: () => { if (++pages % 10 === 0) { const m = process.memoryUsage(); console.log(`${pages * 1000} rss ${fmt(m.rss / 2 ** 20)} heap ${fmt(m.heapUsed / 2 ** 20)} ext ${fmt(m.external / 2 ** 20)} ab ${fmt(m.arrayBuffers / 2 ** 20)}`); } } }, campaignsFinished: { inc: () => {} } } as never,
+    metrics: { campaignRecipientsQueued: { inc: () => { if (++pages % 10 === 0) { const m = process.memoryUsage(); console.log(`${pages * 1000} rss ${fmt(m.rss / 2 ** 20)} heap ${fmt(m.heapUsed / 2 ** 20)} ext ${fmt(m.external / 2 ** 20)} ab ${fmt(m.arrayBuffers / 2 ** 20)}`); } } }, campaignsFinished: { inc: () => {} }, emailsAccepted: { inc: () => {} } } as never,
   }, id);
   clearInterval(timer);
   console.log(`result ${result}`);

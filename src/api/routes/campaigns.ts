@@ -90,7 +90,7 @@ const Params = z.object({ campaignId: z.string().max(100) });
 const tags = ['campaigns'];
 
 export async function campaignsRoutes(app: App): Promise<void> {
-  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl });
+  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl, metrics: app.services.metrics });
 
   app.post(
     '/campaigns',

@@ -116,6 +116,7 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
     if (inserted === null) return 'gone'; // deleted (or no longer SENDING) meanwhile
     cursor = last;
     deps.metrics?.campaignRecipientsQueued.inc(inserted.length);
+    deps.metrics?.emailsAccepted.inc({ source: 'campaign' }, inserted.length);
     await enqueueEmailSends(deps.producer, inserted.map((id) => ({ id, source: 'campaign' as const })), deps.logger);
     em.clear();
     if (page.length < deps.pageSize) break;

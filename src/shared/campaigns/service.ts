@@ -6,6 +6,7 @@ import { createEmails } from '../emails/service.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import type { Logger } from '../logger.js';
+import type { Metrics } from '../metrics.js';
 import type { QueueProducer } from '../queues/producer.js';
 import { hasUnsubscribeLink, normalizeContent, renderCampaignTemplate } from './content.js';
 import { countRecipients } from './filters.js';
@@ -275,7 +276,7 @@ export function formatFrom(sender: { name: string; email: string }): string {
 /** Contract 8: one test email (source `test`), personalised for the test address. */
 export async function sendTestEmail(
   em: EntityManager,
-  deps: { producer: QueueProducer; logger?: Logger; publicUrl: string },
+  deps: { producer: QueueProducer; logger?: Logger; publicUrl: string; metrics?: Metrics },
   organizationId: string,
   id: string,
   to: string,
@@ -302,5 +303,6 @@ export async function sendTestEmail(
       replyTo: campaign.replyTo ? [campaign.replyTo] : null,
     },
   ]);
+  deps.metrics?.emailsAccepted.inc({ source: 'test' });
   return { id: ids[0]! };
 }
