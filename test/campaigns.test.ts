@@ -454,3 +454,21 @@ describe('fan-out edge cases', () => {
     expect(sink.messages.some((m) => JSON.stringify(m.to).includes('@stop.test'))).toBe(false);
   });
 });
+
+describe('reconciler (contract 15)', () => {
+  it('re-enqueues the job of a SCHEDULED campaign that Redis lost', async () => {
+    await startAllWorkers();
+    const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2032-01-01T00:00:00Z' });
+    const queue = ctx.services.producer.queue('campaigns');
+    await queue.remove(c.id);
+    expect(await queue.getJob(c.id)).toBeUndefined();
+    await ctx.services.producer.add('campaigns', { name: 'reconcile', data: {}, jobId: `reconcile-test-${c.id}` });
+    const job = await waitFor(async () => queue.getJob(c.id)).catch(async (e) => {
+      const r = await queue.getJob(`reconcile-test-${c.id}`);
+      throw new Error(`${e}: reconcile job ${await r?.getState()} ${r?.failedReason} ${JSON.stringify(r?.returnvalue)}`);
+    });
+    expect(await job.getState()).toBe('delayed');
+    expect(job.timestamp + (job.opts.delay ?? 0)).toBe(Date.parse('2032-01-01T00:00:00Z'));
+  });
+});

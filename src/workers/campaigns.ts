@@ -52,7 +52,7 @@ export const campaignsProcessor = defineProcessor({
         const jobId = c.status === 'SENDING' && c.fanout_done ? `complete-${c.id}` : c.id;
         if (await queue.getJob(jobId)) continue;
         requeued++;
-        if (jobId === c.id) await enqueueFanOut({ producer: ctx.services.producer, logger: ctx.log }, c.id, c.scheduled_at ?? new Date(), ctx.services.clock());
+        if (jobId === c.id) await enqueueFanOut({ producer: ctx.services.producer, logger: ctx.log }, c.id, c.scheduled_at ? new Date(c.scheduled_at) : new Date(), ctx.services.clock());
         else await enqueueCompletion({ producer: ctx.services.producer, logger: ctx.log }, c.id, 0);
       }
       if (requeued > 0) ctx.log.warn({ requeued }, 're-enqueued campaign jobs that were missing');

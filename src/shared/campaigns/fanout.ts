@@ -220,7 +220,7 @@ export async function completeCampaign(em: EntityManager, metrics: Metrics | und
   return to;
 }
 
-/** Reconciler: SCHEDULED/SENDING campaigns whose job Redis lost. */
-export async function activeCampaigns(em: EntityManager): Promise<{ id: string; status: CampaignStatus; scheduled_at: Date | null; fanout_done: boolean }[]> {
+/** Reconciler: SCHEDULED/SENDING campaigns whose job Redis lost (raw rows: timestamps may come back as text). */
+export async function activeCampaigns(em: EntityManager): Promise<{ id: string; status: CampaignStatus; scheduled_at: Date | string | null; fanout_done: boolean }[]> {
   return em.execute(`select id, status, scheduled_at, fanout_done from campaigns where status in ('SCHEDULED', 'SENDING') order by id`, [], 'all');
 }
