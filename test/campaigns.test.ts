@@ -471,4 +471,20 @@ describe('reconciler (contract 15)', () => {
     expect(await job.getState()).toBe('delayed');
     expect(job.timestamp + (job.opts.delay ?? 0)).toBe(Date.parse('2032-01-01T00:00:00Z'));
   });
+
+  it('resumes a SENDING campaign whose fan-out job was lost, and completes it', async () => {
+    await startAllWorkers();
+    const o = await createOrg(ctx.services, { name: 'Lost' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'lost@lost.test');
+    for (const e of ['z1', 'z2', 'z3']) await api('POST', '/subscribers', { email: `${e}@lost.test` }, o.token);
+    const c = (await api('POST', '/campaigns', { name: 'lost', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    // As if Redis lost everything after the worker had started the campaign.
+    await sql(`update campaigns set status = 'SENDING', send_at = now(), scheduled_at = now(), recipient_count = 3 where id = ?`, [c.id]);
+    await ctx.services.producer.add('campaigns', { name: 'reconcile', data: {}, jobId: `reconcile-test-${c.id}` });
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done.emailsSentCount).toBe(3);
+  });
 });
