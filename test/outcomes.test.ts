@@ -284,13 +284,8 @@ describe('tracking tokens', () => {
 
   it('counts concurrent duplicate hits once: first open, first click and campaign counters', async () => {
     const ids = [await send('a@example.com'), await send('b@example.com')];
-    const hasCampaigns = (await sql<{ present: boolean }>(`select to_regclass('campaigns') is not null as present`))[0]!.present;
-    // On this branch the campaigns table belongs to another feature: a stand-in with its counters.
-    if (!hasCampaigns) {
-      await sql('create table campaigns (id text primary key, emails_opened_count integer not null default 0, emails_clicked_count integer not null default 0)');
-      await sql(`insert into campaigns (id) values ('cmp_test')`);
-      await sql(`update emails set campaign_id = 'cmp_test' where id in (?, ?)`, ids);
-    }
+    await sql(`insert into campaigns (id, organization_id, name, created_at, updated_at) values ('cmp_test', ?, 'Test', now(), now())`, [organizationId]);
+    await sql(`update emails set campaign_id = 'cmp_test' where id in (?, ?)`, ids);
     const { signer } = ctx.services;
     const hits = ids.flatMap((id) => [
       ...Array.from({ length: 20 }, () => ctx.app.inject({ url: `/t/o/${openToken(signer, id)}.gif` })),
@@ -317,10 +312,8 @@ describe('tracking tokens', () => {
       ids,
     );
     expect(rows.every((r) => r.first_opened_at && r.first_clicked_at)).toBe(true);
-    if (!hasCampaigns) {
-      const [campaign] = await sql(`select emails_opened_count, emails_clicked_count from campaigns where id = 'cmp_test'`);
-      expect(campaign).toEqual({ emails_opened_count: 2, emails_clicked_count: 2 });
-    }
+    const [campaign] = await sql(`select emails_opened_count, emails_clicked_count from campaigns where id = 'cmp_test'`);
+    expect(campaign).toEqual({ emails_opened_count: 2, emails_clicked_count: 2 });
   });
 
   it('writes every buffered hit when the app closes', async () => {

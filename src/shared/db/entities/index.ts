@@ -8,6 +8,7 @@ import { SubscriberSchema } from './subscriber.js';
 import { SubscriberTagSchema, TagSchema } from './tag.js';
 import { EmailVerificationSchema } from './email-verification.js';
 import { VerificationHistorySchema } from './verification-history.js';
+import { CampaignSchema } from './campaign.js';
 import { SuppressionSchema } from './suppression.js';
 
 export { ApiToken } from './api-token.js';
@@ -20,6 +21,7 @@ export { SubscriberEvent } from './subscriber-event.js';
 export { SubscriberTag, Tag } from './tag.js';
 export { EmailVerification } from './email-verification.js';
 export { VerificationHistory } from './verification-history.js';
+export { Campaign, CAMPAIGN_STATUSES, CONTENT_TYPES, type CampaignStatus, type CampaignContentType, type RecipientFilter } from './campaign.js';
 export { Suppression, type SuppressionReason } from './suppression.js';
 
 /** Every entity of the service; each feature appends its own, one a line. */
@@ -35,5 +37,6 @@ export const entities = [
   EmailVerificationSchema,
   VerificationHistorySchema,
   EmailSchema,
+  CampaignSchema,
   SuppressionSchema,
 ];
