@@ -3,6 +3,7 @@ import swaggerUi from '@fastify/swagger-ui';
 import Fastify, { LogController, type FastifyBaseLogger } from 'fastify';
 import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
+import { registerAgentInterfaces } from './agents.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, TokenCache } from './plugins/auth.js';
 import { registerErrorHandling } from './plugins/errors.js';
@@ -75,6 +76,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     },
     { prefix: '/api/v2' },
   );
+  await registerAgentInterfaces(app, services, tokenCache);
 
   return app as unknown as App;
 }
