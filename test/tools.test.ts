@@ -1,0 +1,199 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { McpClients, runBoth, runOverHttp } from './helpers/agents.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+let ctx: TestContext;
+let clients: McpClients;
+let token: string;
+let otherToken: string;
+let baseUrl: string;
+
+const REQUIRED_TOOLS = [
+  'verify_email',
+  'send_email',
+  'get_email',
+  'list_emails',
+  'create_subscriber',
+  'get_subscriber',
+  'update_subscriber',
+  'unsubscribe_subscriber',
+  'list_campaigns',
+  'get_campaign',
+  'schedule_campaign',
+  'list_domains',
+];
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+  ({ token } = await createOrg(ctx.services));
+  ({ token: otherToken } = await createOrg(ctx.services, { name: 'Other' }));
+  baseUrl = await ctx.app.listen({ host: '127.0.0.1', port: 0 });
+  clients = new McpClients(baseUrl);
+});
+afterAll(async () => {
+  await clients?.close();
+  await ctx?.close();
+});
+
+async function mint(permissions: string[], name = permissions.join('+')): Promise<string> {
+  const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(token), payload: { name, permissions } });
+  expect(res.statusCode).toBe(200);
+  return res.json().token;
+}
+
+describe('GET /api/v2/tools', () => {
+  it('lists every tool with a JSON Schema and the permission its endpoint asks', async () => {
+    const res = await ctx.app.inject({ method: 'GET', url: '/api/v2/tools', headers: bearer(token) });
+    expect(res.statusCode).toBe(200);
+    const body = res.json();
+    expect(body).toMatchObject({ object: 'list', has_more: false });
+    const names = body.data.map((tool: { name: string }) => tool.name);
+    expect(names).toEqual(expect.arrayContaining(REQUIRED_TOOLS));
+    for (const tool of body.data) {
+      expect(Object.keys(tool).sort()).toEqual(['description', 'inputSchema', 'name', 'permission']);
+      expect(tool.description.length).toBeGreaterThan(10);
+      expect(tool.inputSchema.type).toBe('object');
+    }
+    const byName = Object.fromEntries(body.data.map((tool: { name: string }) => [tool.name, tool]));
+    expect(byName.verify_email).toMatchObject({ permission: 'emails', inputSchema: { required: ['email'] } });
+    expect(byName.schedule_campaign.permission).toBe('send');
+    expect(byName.schedule_campaign.inputSchema.required).toEqual(['campaignId']);
+    expect(byName.list_domains.permission).toBe('domains');
+    expect(byName.update_subscriber.inputSchema.required).toEqual(['subscriber']);
+  });
+
+  it('answers any valid token, whatever its permissions', async () => {
+    const narrow = await mint(['domains'], 'catalog reader');
+    const res = await ctx.app.inject({ method: 'GET', url: '/api/v2/tools', headers: bearer(narrow) });
+    expect(res.statusCode).toBe(200);
+    expect(res.json().data.length).toBeGreaterThanOrEqual(REQUIRED_TOOLS.length);
+  });
+
+  it('is 401 missing_api_key without a valid token', async () => {
+    for (const headers of [{}, bearer('svc_' + '0'.repeat(64))]) {
+      const res = await ctx.app.inject({ method: 'GET', url: '/api/v2/tools', headers });
+      expect(res.statusCode).toBe(401);
+      expect(res.json()).toMatchObject({ name: 'missing_api_key', statusCode: 401 });
+    }
+  });
+});
+
+describe('POST /api/v2/tools/{name}', () => {
+  it('is 401 without a token, before anything else', async () => {
+    const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/tools/nope', payload: { arguments: {} } });
+    expect(res.statusCode).toBe(401);
+    expect(res.json().name).toBe('missing_api_key');
+  });
+
+  it('is 404 not_found for an unknown tool', async () => {
+    const res = await runBoth(ctx, clients, token, 'delete_everything', {});
+    expect(res.statusCode).toBe(404);
+    expect(res.body).toMatchObject({ name: 'not_found', statusCode: 404 });
+  });
+
+  it('is 422 validation_error naming the argument that fails the schema', async () => {
+    const res = await runBoth(ctx, clients, token, 'list_domains', { limit: 0 });
+    expect(res.statusCode).toBe(422);
+    expect(res.body).toMatchObject({ name: 'validation_error', details: [{ path: 'arguments.limit' }] });
+    const missing = await runBoth(ctx, clients, token, 'get_subscriber', {});
+    expect(missing.statusCode).toBe(422);
+    expect(missing.body).toMatchObject({ details: [{ path: 'arguments.subscriber' }] });
+  });
+
+  it('takes a missing arguments object as no arguments', async () => {
+    const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/tools/list_domains', headers: bearer(token), payload: {} });
+    expect(res.statusCode).toBe(200);
+  });
+});
+
+describe('list_domains', () => {
+  it('answers what GET /api/v2/domains answers', async () => {
+    for (const domain of ['one.example', 'two.example']) {
+      const created = await ctx.app.inject({ method: 'POST', url: '/api/v2/domains', headers: bearer(token), payload: { domain } });
+      expect(created.statusCode).toBe(200);
+    }
+    const direct = await ctx.app.inject({ method: 'GET', url: '/api/v2/domains?limit=1', headers: bearer(token) });
+    const res = await runBoth(ctx, clients, token, 'list_domains', { limit: 1 });
+    expect(res).toEqual({ statusCode: 200, body: direct.json() });
+    expect(direct.json()).toMatchObject({ has_more: true, data: [expect.objectContaining({ domain: expect.any(String) })] });
+  });
+
+  it("shows only the caller's organization", async () => {
+    const res = await runBoth(ctx, clients, otherToken, 'list_domains', {});
+    expect(res.body).toEqual({ object: 'list', has_more: false, data: [] });
+  });
+
+  it("answers the endpoint's 403 when the token lacks the permission", async () => {
+    const narrow = await mint(['emails'], 'no domains');
+    const res = await runBoth(ctx, clients, narrow, 'list_domains', {});
+    expect(res.statusCode).toBe(403);
+    expect(res.body).toMatchObject({ name: 'missing_permission', statusCode: 403 });
+  });
+});
+
+describe('rate limit', () => {
+  it('counts a tool call once, as its endpoint request, and passes its headers on', async () => {
+    const remaining = async () => {
+      const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/tools/list_domains', headers: bearer(token), payload: { arguments: {} } });
+      expect(res.headers['ratelimit-limit']).toBe('10000');
+      return Number(res.headers['ratelimit-remaining']);
+    };
+    // Two calls within one rate-limit second differ by one; a pair across a second boundary
+    // starts over, so try a few pairs.
+    for (let attempt = 0; attempt < 5; attempt += 1) {
+      const first = await remaining();
+      const second = await remaining();
+      if (second < first) {
+        expect(first - second).toBe(1);
+        return;
+      }
+    }
+    throw new Error('no two calls fell in the same second');
+  });
+});
+
+describe('MCP at /mcp', () => {
+  it('lists the same catalog with read-only and destructive annotations', async () => {
+    const client = await clients.for(token);
+    const { tools } = await client.listTools();
+    const catalog = (await ctx.app.inject({ method: 'GET', url: '/api/v2/tools', headers: bearer(token) })).json().data;
+    expect(tools.map((tool) => tool.name)).toEqual(catalog.map((tool: { name: string }) => tool.name));
+    for (const tool of tools) {
+      const twin = catalog.find((entry: { name: string }) => entry.name === tool.name);
+      expect(tool.inputSchema).toEqual(twin.inputSchema);
+    }
+    const annotations = Object.fromEntries(tools.map((tool) => [tool.name, tool.annotations]));
+    for (const name of ['send_email', 'schedule_campaign']) {
+      expect(annotations[name]).toMatchObject({ destructiveHint: true, readOnlyHint: false });
+    }
+    for (const name of ['get_email', 'list_emails', 'get_subscriber', 'list_campaigns', 'get_campaign', 'list_domains']) {
+      expect(annotations[name]).toMatchObject({ readOnlyHint: true, destructiveHint: false });
+    }
+    for (const name of ['create_subscriber', 'update_subscriber', 'unsubscribe_subscriber']) {
+      expect(annotations[name]).toMatchObject({ readOnlyHint: false, destructiveHint: false });
+    }
+  });
+
+  it('is 401 missing_api_key without a valid token', async () => {
+    const initialize = {
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+    };
+    for (const headers of [{}, bearer('svc_' + '1'.repeat(64))]) {
+      const res = await fetch(`${baseUrl}/mcp`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
+        body: JSON.stringify(initialize),
+      });
+      expect(res.status).toBe(401);
+      expect(await res.json()).toMatchObject({ name: 'missing_api_key', statusCode: 401 });
+    }
+  });
+
+  it('answers GET with 405 (stateless: no server stream)', async () => {
+    const res = await fetch(`${baseUrl}/mcp`, { headers: { accept: 'text/event-stream', ...bearer(token) } });
+    expect(res.status).toBe(405);
+  });
+});
