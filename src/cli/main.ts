@@ -5,6 +5,7 @@ import { SecretBox } from '../shared/crypto.js';
 import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js';
 import { AppError } from '../shared/errors.js';
 import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
+import { subscribersImport } from './subscribers-import.js';
 
 const USAGE = `Usage: npm run --silent cli -- <command>
 
@@ -13,6 +14,13 @@ Operator commands (talk to the database directly):
   org create --name NAME [--double-opt-in] [--verify-quota N] [--json]
   org update ID [--name NAME] [--double-opt-in on|off] [--verify-quota N]
                 [--track-opens on|off] [--track-clicks on|off]
+  subscribers import FILE.csv --org ORG_ID [--no-resubscribe] [--json]
+                                            upsert subscribers from a CSV (columns email, name,
+                                            phone, tags separated by ; or |, other columns are
+                                            custom fields); progress on stderr, summary at the end
+
+User commands (talk to the API: MAILROOM_URL, default http://127.0.0.1:3000, and MAILROOM_TOKEN):
+  verify EMAIL [--json]                     verify an address (counts against the monthly quota)
 `;
 
 class UsageError extends Error {}
@@ -107,6 +115,59 @@ async function orgUpdate(config: Config, args: string[]): Promise<void> {
   process.stdout.write(values.json ? `${JSON.stringify(shown)}\n` : `Updated ${org.id}: ${JSON.stringify(shown)}\n`);
 }
 
+async function verify(args: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { json: { type: 'boolean', default: false } } });
+  const email = positionals[0];
+  if (!email || positionals.length > 1) throw new UsageError('verify takes one address');
+  const result = await callApi('POST', '/api/v2/verify', { email });
+  if (values.json) {
+    process.stdout.write(`${JSON.stringify(result)}\n`);
+  } else {
+    const r = result as VerifyAnswer;
+    const lines = [
+      `${r.email}: ${r.result}, ${r.accept ? 'accepted' : 'rejected'}, score ${r.score ?? 'none'} (${r.status})`,
+      ...r.issues.map((i) => `  ${i.severity} ${i.code}${i.retryable ? ' (retryable)' : ''}: ${i.message}`),
+      ...(r.suggestion ? [`  did you mean ${r.suggestion}?`] : []),
+      `  quota: ${r.quota.used}/${r.quota.limit} this month, resets ${r.quota.resets_at}`,
+    ];
+    process.stdout.write(`${lines.join('\n')}\n`);
+  }
+  return 0;
+}
+
+interface VerifyAnswer {
+  email: string;
+  result: string;
+  accept: boolean;
+  status: string;
+  score: number | null;
+  suggestion: string | null;
+  issues: Array<{ code: string; message: string; severity: string; retryable: boolean }>;
+  quota: { used: number; limit: number; resets_at: string };
+}
+
+/** A user command's call to the API; an error body becomes an AppError with its message. */
+async function callApi(method: string, path: string, body: unknown): Promise<unknown> {
+  const base = (process.env.MAILROOM_URL || 'http://127.0.0.1:3000').replace(/\/+$/, '');
+  const token = process.env.MAILROOM_TOKEN;
+  if (!token) throw new UsageError('set MAILROOM_TOKEN to an API token (svc_...)');
+  let response: Response;
+  try {
+    response = await fetch(`${base}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+  } catch (error) {
+    throw new AppError(503, 'service_unavailable', `cannot reach ${base}: ${(error as Error).message}`);
+  }
+  const answer = (await response.json().catch(() => null)) as { name?: string; message?: string } | null;
+  if (!response.ok) {
+    throw new AppError(response.status, answer?.name ?? 'error', `${response.status} ${answer?.name ?? ''}: ${answer?.message ?? response.statusText}`);
+  }
+  return answer;
+}
+
 async function runMigrate(config: Config): Promise<void> {
   if (await ensureDatabase(config.databaseUrl)) process.stderr.write('created the database\n');
   const applied = await withOrm(config, migrate);
@@ -129,6 +190,8 @@ export async function main(argv: string[]): Promise<number> {
     if (command === 'migrate') await runMigrate(config);
     else if (command === 'org' && sub === 'create') await orgCreate(config, rest);
     else if (command === 'org' && sub === 'update') await orgUpdate(config, rest);
+    else if (command === 'subscribers' && sub === 'import') await subscribersImport(config, rest, (m) => new UsageError(m));
+    else if (command === 'verify') return await verify(argv.slice(1));
     else if (!command || command === 'help' || command === '--help') process.stdout.write(USAGE);
     else throw new UsageError(`unknown command: ${argv.join(' ')}`);
     return 0;

@@ -56,6 +56,12 @@ const envSchema = z
         return servers;
       }),
     VERIFY_MONTHLY_QUOTA: z.coerce.number().int().min(0).default(1000),
+    // Operator blocklist of verification: comma-separated domains (and their subdomains)
+    // answered `spam_domain`.
+    VERIFY_BLOCKED_DOMAINS: z
+      .string()
+      .optional()
+      .transform((v) => (v ?? '').split(',').map((s) => s.trim().toLowerCase().replace(/\.$/, '')).filter(Boolean)),
     RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
     WORKER_QUEUES: z
@@ -101,6 +107,7 @@ export interface Config {
   };
   dnsServers?: string[];
   verifyMonthlyQuota: number;
+  verifyBlockedDomains: string[];
   rateLimitPerSecond: number;
   workerQueues?: string[];
   workerMetricsPort?: number;
@@ -146,6 +153,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     },
     dnsServers: e.DNS_SERVERS,
     verifyMonthlyQuota: e.VERIFY_MONTHLY_QUOTA,
+    verifyBlockedDomains: e.VERIFY_BLOCKED_DOMAINS,
     rateLimitPerSecond: e.RATE_LIMIT_PER_SECOND,
     workerQueues: e.WORKER_QUEUES,
     workerMetricsPort: e.WORKER_METRICS_PORT,

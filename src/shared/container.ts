@@ -3,6 +3,7 @@ import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
 import { createDns, type DnsService } from './dns/resolver.js';
+import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
@@ -26,6 +27,8 @@ export interface Services {
   dns: DnsService;
   /** This process's Prometheus registry and the counters features record into. */
   metrics: Metrics;
+  /** The mail transport (file or pooled SMTP); it connects on its first send. */
+  mailer: MailTransport;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -44,12 +47,14 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     clock: () => new Date(),
     dns: await createDns(redis, config, { logger }),
     metrics: createMetrics({ producer, orm, logger }),
+    mailer: createMailTransport(config.mail),
   };
 }
 
 export async function closeServices(services: Services): Promise<void> {
   await services.producer.close().catch(() => {});
   services.redis.disconnect();
+  services.mailer.close();
   await services.orm.close(true);
 }
 

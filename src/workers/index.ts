@@ -1,6 +1,15 @@
 import { domainsProcessor } from './domains.js';
+import { emailsProcessor } from './emails.js';
 import { maintenanceProcessor } from './maintenance.js';
 import type { QueueProcessor } from './runner.js';
+import { subscribersProcessor } from './subscribers.js';
+import { workflowsProcessor } from './workflows.js';
 
 /** Every queue consumer of the service; each feature appends its own. */
-export const processors: QueueProcessor[] = [maintenanceProcessor as QueueProcessor, domainsProcessor as QueueProcessor];
+export const processors: QueueProcessor[] = [
+  maintenanceProcessor as QueueProcessor,
+  domainsProcessor as QueueProcessor,
+  subscribersProcessor as QueueProcessor,
+  workflowsProcessor as QueueProcessor,
+  emailsProcessor as QueueProcessor,
+];

@@ -5,7 +5,7 @@ import { loadConfig, type Config } from '../../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../../src/shared/container.js';
 import { createLogger } from '../../src/shared/logger.js';
 import { createOrganization } from '../../src/shared/organizations/service.js';
-import { createRedis } from '../../src/shared/redis.js';
+import { createRedis, waitForRedis } from '../../src/shared/redis.js';
 import { adminQuery, databaseUrl, dropDatabase, templateName } from './database.js';
 
 export interface TestEnv {
@@ -72,6 +72,9 @@ export interface TestContext {
 export async function createTestContext(overrides: Record<string, string> = {}): Promise<TestContext> {
   const env = await createTestEnv(overrides);
   const services = await createServices(env.config, createLogger({ level: env.config.logLevel }));
+  // The API's Redis connection fails fast until it is connected: wait, so the first
+  // request of a test is not answered 503.
+  await waitForRedis(services.redis);
   const app = await buildApp(services);
   await app.ready();
   return {

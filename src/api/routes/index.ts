@@ -1,6 +1,19 @@
 import type { App } from '../types.js';
 import { domainsRoutes } from './domains.js';
+import { eventsRoutes } from './events.js';
+import { subscribersRoutes } from './subscribers.js';
+import { tagsRoutes } from './tags.js';
+import { emailsRoutes } from './emails.js';
 import { tokensRoutes } from './tokens.js';
+import { verificationRoutes } from './verification.js';
 
-/** The authenticated /api/v2 modules; each feature appends its own. */
-export const v2Routes: Array<(app: App) => Promise<void>> = [tokensRoutes, domainsRoutes];
+/** The authenticated /api/v2 modules; each feature appends its own, one a line. */
+export const v2Routes: Array<(app: App) => Promise<void>> = [
+  tokensRoutes,
+  domainsRoutes,
+  subscribersRoutes,
+  tagsRoutes,
+  eventsRoutes,
+  verificationRoutes,
+  emailsRoutes,
+];

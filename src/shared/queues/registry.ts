@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { workflowJobs } from '../subscribers/workflow-events.js';
 
 /**
  * Every queue of the service: queue name -> job name -> zod payload. The producer and the
@@ -15,6 +16,22 @@ export const queueRegistry = {
     check: z.object({ domainId: z.string() }),
     // Every minute (job scheduler): checks the PENDING/VERIFIED domains that are due.
     'recheck-due': z.object({}),
+  },
+  subscribers: {
+    // Double opt-in: build the confirmation email of a PENDING_CONFIRMATION subscriber.
+    'send-confirmation': z.object({ subscriberId: z.string() }),
+  },
+  // Subscriber change events (triggerWorkflows), one job per change; see subscribers/workflow-events.ts.
+  workflows: workflowJobs,
+  emails: {
+    // One job per email, jobId = the email id. `throttled` counts provider throttle answers.
+    send: z.object({ emailId: z.string(), throttled: z.number().int().min(0).optional() }),
+    // A batch accepted by the API: the worker fans it out into one `send` job per email.
+    'send-batch': z.object({ emailIds: z.array(z.string()).min(1).max(1000) }),
+    // Scheduled: re-enqueue queued emails whose job is missing; fail stale hand-overs.
+    reconcile: z.object({}),
+    // Scheduled: forget Idempotency-Key rows older than 24 h.
+    'purge-idempotency-keys': z.object({}),
   },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 

@@ -1,5 +1,8 @@
 import { Migration20261123000000Foundation } from './20261123000000-foundation.js';
+import { Migration20261123010000Emails } from './20261123010000-emails.js';
+import { Migration20261123020000Audience } from './20261123020000-audience.js';
 import { Migration20261123030000Domains } from './20261123030000-domains.js';
+import { Migration20261123040000Verification } from './20261123040000-verification.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -7,5 +10,8 @@ import { Migration20261123030000Domains } from './20261123030000-domains.js';
  */
 export const migrationsList = [
   { name: 'Migration20261123000000Foundation', class: Migration20261123000000Foundation },
+  { name: 'Migration20261123010000Emails', class: Migration20261123010000Emails },
+  { name: 'Migration20261123020000Audience', class: Migration20261123020000Audience },
   { name: 'Migration20261123030000Domains', class: Migration20261123030000Domains },
+  { name: 'Migration20261123040000Verification', class: Migration20261123040000Verification },
 ];

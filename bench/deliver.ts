@@ -1,0 +1,104 @@
+import { fork, type ChildProcess } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import nodemailer from 'nodemailer';
+import { newEmailFromBody, SendEmailBody } from '../src/shared/emails/input.js';
+import { renderEmail } from '../src/shared/emails/render.js';
+import { insertEmails, sendJob } from '../src/shared/emails/service.js';
+import { smtpConnection } from '../src/shared/emails/transport.js';
+import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
+
+// `npm run bench:deliver`: N queued emails through a worker process (render, claim, send
+// over pooled SMTP, record) to a local SMTP sink, against nodemailer sending the same
+// pre-rendered message to the same sink directly, in the same run.
+const TOTAL = Number(process.env.BENCH_EMAILS ?? 20_000);
+const DIRECT_CONCURRENCY = 64;
+const MAX_CONNECTIONS = 8; // as the service's SMTP pool
+
+const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
+const sinkCount = () =>
+  new Promise<number>((resolve) => {
+    sink.once('message', (m: { count: number }) => resolve(m.count));
+    sink.send('count');
+  });
+
+const bench = await createBenchEnv('deliver', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl, WORKER_QUEUES: 'emails' });
+const body = SendEmailBody.parse({
+  from: 'Acme <receipts@acme.test>',
+  to: 'user@example.com',
+  subject: 'Your receipt',
+  markdown: '# Thanks for your order\n\nYour receipt **#1234** is ready.\n\n| item | price |\n|---|---|\n| Pro plan | $10 |\n\n[View it](https://acme.test/r/1234)',
+  preview: 'Receipt #1234',
+});
+
+let worker: ChildProcess | undefined;
+try {
+  // Seed: TOTAL queued rows and their jobs, before any worker runs.
+  const em = bench.services.orm.em.fork();
+  for (let done = 0; done < TOTAL; done += 1000) {
+    const inputs = Array.from({ length: Math.min(1000, TOTAL - done) }, (_, i) => ({ ...newEmailFromBody(bench.organizationId, body), to: `user${done + i}@example.com` }));
+    const ids = await insertEmails(em, inputs);
+    await bench.services.producer.addBulk('emails', ids.map(sendJob));
+  }
+  console.log(`seeded ${fmt(TOTAL)} queued emails`);
+
+  // 1. Through the workers.
+  let peakRss = 0;
+  worker = await spawnService('src/workers/main.ts', bench.env);
+  const rssTimer = setInterval(() => {
+    readFile(`/proc/${worker!.pid}/status`, 'utf8').then(
+      (s) => (peakRss = Math.max(peakRss, Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024)),
+      () => {},
+    );
+  }, 200);
+  const started = Date.now();
+  for (;;) {
+    const [row] = await em.execute<{ n: string }[]>(`select count(*) as n from emails where status in ('sent', 'failed')`);
+    if (Number(row!.n) >= TOTAL) break;
+    if (Date.now() - started > 600_000) throw new Error('workers did not finish in 10 minutes');
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  clearInterval(rssTimer);
+  // CPU the worker process used (user + system), from /proc: fields 14 and 15, in ticks.
+  const stat = (await readFile(`/proc/${worker.pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
+  const workerCpuMs = ((Number(stat[11]) + Number(stat[12])) / 100) * 1000;
+  const [span] = await em.execute<{ first: Date; last: Date; sent: string; failed: string }[]>(
+    `select min(claimed_at) as first, max(sent_at) as last, count(*) filter (where status = 'sent') as sent, count(*) filter (where status = 'failed') as failed from emails`,
+  );
+  const seconds = (new Date(span!.last).getTime() - new Date(span!.first).getTime()) / 1000;
+  const workerRate = Number(span!.sent) / seconds;
+  await stop(worker);
+  worker = undefined;
+  const received = await sinkCount();
+
+  // 2. nodemailer straight to the same sink, the same message pre-rendered.
+  const rendered = renderEmail({ contentKind: 'markdown', content: body.markdown!, subject: body.subject, preview: body.preview });
+  const transport = nodemailer.createTransport({ ...smtpConnection(sinkUrl), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity });
+  let next = 0;
+  const directCpu = process.cpuUsage();
+  const directStarted = Date.now();
+  await Promise.all(
+    Array.from({ length: DIRECT_CONCURRENCY }, async () => {
+      while (next < TOTAL) {
+        const i = next++;
+        await transport.sendMail({ from: body.from, to: `user${i}@example.com`, subject: body.subject, html: rendered.html, text: rendered.text, messageId: `<direct${i}@acme.test>` });
+      }
+    }),
+  );
+  const directRate = TOTAL / ((Date.now() - directStarted) / 1000);
+  const directUsage = process.cpuUsage(directCpu);
+  const directCpuMs = (directUsage.user + directUsage.system) / 1000;
+  transport.close();
+
+  console.log('');
+  console.log(`workers: ${fmt(Number(span!.sent))} sent, ${span!.failed} failed in ${fmt(seconds, 2)} s = ${fmt(workerRate)} emails/s (target >= 800); sink received ${fmt(received)}`);
+  console.log(`worker peak RSS: ${fmt(peakRss / 1024 / 1024)} MiB; worker CPU ${fmt(workerCpuMs / TOTAL, 3)} ms an email (start-up included)`);
+  console.log(`direct nodemailer (same message pre-rendered, pool of ${MAX_CONNECTIONS}): ${fmt(directRate)} emails/s; CPU ${fmt(directCpuMs / TOTAL, 3)} ms an email`);
+  const [load] = await readFile('/proc/loadavg', 'utf8').then((s) => s.split(' '));
+  console.log(`load average during the run: ${load} (2 cores)`);
+  console.log(`ratio workers / direct: ${fmt(workerRate / directRate, 2)} (target >= 0.6)`);
+} finally {
+  if (worker) await stop(worker);
+  sink.send('stop');
+  await bench.dispose();
+}

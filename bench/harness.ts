@@ -1,0 +1,122 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createServer } from 'node:net';
+import { loadConfig, type Config } from '../src/shared/config.js';
+import { closeServices, createServices, type Services } from '../src/shared/container.js';
+import { initOrm, migrate } from '../src/shared/db/orm.js';
+import { createLogger } from '../src/shared/logger.js';
+import { createOrganization } from '../src/shared/organizations/service.js';
+import { createRedis } from '../src/shared/redis.js';
+import pg from 'pg';
+
+/** A database and Redis prefix of the benchmark's own, dropped at the end. */
+export interface BenchEnv {
+  env: Record<string, string>;
+  config: Config;
+  services: Services;
+  token: string;
+  organizationId: string;
+  dispose(): Promise<void>;
+}
+
+function dbUrl(name: string): string {
+  const url = new URL(process.env.DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/mailroom');
+  url.pathname = `/${name}`;
+  return url.toString();
+}
+
+async function admin(sql: string): Promise<void> {
+  const client = new pg.Client({ connectionString: dbUrl('postgres') });
+  await client.connect();
+  try {
+    await client.query(sql);
+  } finally {
+    await client.end();
+  }
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      server.close(() => (typeof address === 'object' && address ? resolve(address.port) : reject(new Error('no port'))));
+    });
+  });
+}
+
+export async function createBenchEnv(name: string, overrides: Record<string, string> = {}): Promise<BenchEnv> {
+  const dbName = `mailroom_bench_${name}_${process.pid}`;
+  await admin(`drop database if exists "${dbName}" with (force)`);
+  await admin(`create database "${dbName}"`);
+  const env: Record<string, string> = {
+    NODE_ENV: 'production',
+    SECRET_KEY: 'bench-secret-key-bench-secret-key-0123456789',
+    DATABASE_URL: dbUrl(dbName),
+    REDIS_URL: process.env.REDIS_URL || 'redis://127.0.0.1:6379',
+    REDIS_PREFIX: `mrbench-${name}-${process.pid}`,
+    LOG_LEVEL: 'warn',
+    // Benchmarks measure throughput, not the per-token limit.
+    RATE_LIMIT_PER_SECOND: '100000000',
+    ALLOW_UNVERIFIED_DOMAINS: 'true',
+    ...overrides,
+  };
+  const config = loadConfig(env);
+  const orm = await initOrm({ databaseUrl: config.databaseUrl, poolSize: 1 });
+  await migrate(orm);
+  await orm.close(true);
+  const services = await createServices(config, createLogger({ level: 'warn', name: 'bench' }));
+  const created = await createOrganization(services.orm.em.fork(), services.box, { name: 'Bench', verifyQuota: 1000 });
+  return {
+    env,
+    config,
+    services,
+    token: created.token.token,
+    organizationId: created.organization.id,
+    async dispose() {
+      await closeServices(services);
+      await admin(`drop database if exists "${dbName}" with (force)`);
+      const redis = createRedis(config.redisUrl, 'worker');
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${config.redisPrefix}:*`, 'COUNT', 1000);
+        cursor = next;
+        if (keys.length) await redis.del(...keys);
+      } while (cursor !== '0');
+      redis.disconnect();
+    },
+  };
+}
+
+/** Runs a script of the service (`src/...`) as a child process with the bench environment. */
+export async function spawnService(script: string, env: Record<string, string>, readyUrl?: string): Promise<ChildProcess> {
+  // BENCH_PROFILE=dir writes a V8 CPU profile of the child there (open in Chrome DevTools).
+  const profile = process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : [];
+  const child = spawn(process.execPath, [...profile, '--import', 'tsx', script], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
+  if (readyUrl) {
+    const started = Date.now();
+    for (;;) {
+      try {
+        const res = await fetch(readyUrl);
+        if (res.ok) break;
+      } catch {
+        // not listening yet
+      }
+      if (Date.now() - started > 30_000) throw new Error(`${script} did not start`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  return child;
+}
+
+export async function stop(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null) return;
+  await new Promise<void>((resolve) => {
+    child.once('exit', () => resolve());
+    child.kill('SIGTERM');
+  });
+}
+
+export const fmt = (n: number, digits = 0) => n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });

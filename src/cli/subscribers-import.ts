@@ -1,0 +1,125 @@
+import { createReadStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import { parseArgs } from 'node:util';
+import { SingleBar } from 'cli-progress';
+import { parse } from 'csv-parse';
+import type { Config } from '../shared/config.js';
+import { initOrm } from '../shared/db/orm.js';
+import { NotFoundError } from '../shared/errors.js';
+import { importBatch, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
+
+// Rows per transaction: large enough that a batch costs a few round trips per thousand
+// rows, small enough that one batch's locks and memory stay modest.
+const BATCH_SIZE = 2_000;
+// Skipped rows are listed on stderr up to this many; the summary counts them all.
+const SHOWN_PROBLEMS = 20;
+
+export interface ImportSummary {
+  file: string;
+  organizationId: string;
+  rows: number;
+  created: number;
+  updated: number;
+  skipped: number;
+  warnings: number;
+  seconds: number;
+  rowsPerSecond: number;
+}
+
+/** `subscribers import FILE.csv --org ORG_ID [--no-resubscribe] [--json]` */
+export async function subscribersImport(config: Config, args: string[], usage: (message: string) => Error): Promise<void> {
+  const { values, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    options: {
+      org: { type: 'string' },
+      'no-resubscribe': { type: 'boolean', default: false },
+      json: { type: 'boolean', default: false },
+    },
+  });
+  const file = positionals[0];
+  if (!file) throw usage('subscribers import needs a CSV file');
+  if (!values.org) throw usage('subscribers import needs --org ORG_ID');
+  const organizationId = values.org;
+  const size = (await stat(file).catch(() => {
+    throw new NotFoundError(`cannot read ${file}`);
+  })).size;
+
+  const orm = await initOrm({ databaseUrl: config.databaseUrl, poolSize: 2 });
+  const bar = new SingleBar({
+    stream: process.stderr,
+    format: 'importing [{bar}] {percentage}% | {rows} rows | {rate} rows/s',
+    noTTYOutput: true,
+    notTTYSchedule: 1_000,
+    hideCursor: true,
+  });
+  const summary: ImportSummary = { file, organizationId, rows: 0, created: 0, updated: 0, skipped: 0, warnings: 0, seconds: 0, rowsPerSecond: 0 };
+  const problems: string[] = [];
+  const started = performance.now();
+  try {
+    const org = (await orm.em.fork().execute('select id from organizations where id = ?', [organizationId])) as unknown[];
+    if (org.length === 0) throw new NotFoundError(`no organization ${organizationId}`);
+
+    let missingEmail = false;
+    const parser = createReadStream(file).pipe(
+      parse({
+        bom: true,
+        columns: (header: string[]) => {
+          const columns = header.map((h) => h.trim().toLowerCase());
+          if (!columns.includes('email')) missingEmail = true;
+          return columns;
+        },
+        skip_empty_lines: true,
+        relax_column_count: true,
+        trim: true,
+      }),
+    );
+    bar.start(size, 0, { rows: 0, rate: 0 });
+    let batch: ImportRow[] = [];
+    const flush = async () => {
+      if (batch.length === 0) return;
+      const result = await importBatch(orm.em.fork(), organizationId, batch, { resubscribe: !values['no-resubscribe'], now: new Date() });
+      summary.created += result.created;
+      summary.updated += result.updated;
+      batch = [];
+    };
+    for await (const record of parser as AsyncIterable<Record<string, string>>) {
+      if (missingEmail) throw usage('the CSV file has no email column (the first line must name the columns)');
+      summary.rows++;
+      const parsed = parseImportRecord(record);
+      if ('error' in parsed) {
+        summary.skipped++;
+        if (problems.length < SHOWN_PROBLEMS) problems.push(`line ${parser.info.lines}: ${parsed.error}`);
+      } else {
+        summary.warnings += parsed.warnings.length;
+        for (const warning of parsed.warnings) if (problems.length < SHOWN_PROBLEMS) problems.push(`line ${parser.info.lines}: ${warning}`);
+        batch.push(parsed.row);
+      }
+      if (batch.length >= BATCH_SIZE) {
+        await flush();
+        const seconds = (performance.now() - started) / 1000;
+        bar.update(parser.info.bytes, { rows: summary.rows, rate: Math.round(summary.rows / seconds) });
+      }
+    }
+    await flush();
+    summary.seconds = Math.round((performance.now() - started)) / 1000;
+    summary.rowsPerSecond = Math.round(summary.rows / Math.max(summary.seconds, 0.001));
+    bar.update(size, { rows: summary.rows, rate: summary.rowsPerSecond });
+    bar.stop();
+  } catch (error) {
+    bar.stop();
+    throw error;
+  } finally {
+    await orm.close(true);
+  }
+
+  for (const problem of problems) process.stderr.write(`${problem}\n`);
+  if (values.json) {
+    process.stdout.write(`${JSON.stringify(summary)}\n`);
+  } else {
+    process.stdout.write(
+      `Imported ${file} into ${organizationId}: ${summary.rows} rows in ${summary.seconds} s (${summary.rowsPerSecond} rows/s): ` +
+        `${summary.created} created, ${summary.updated} updated, ${summary.skipped} skipped, ${summary.warnings} warnings.\n`,
+    );
+  }
+}

@@ -1,0 +1,42 @@
+import addressparser from 'nodemailer/lib/addressparser/index.js';
+
+// Pragmatic RFC 5321 mailbox: a local part without spaces, brackets or separators, and a
+// dotted host name of LDH labels (IDN hosts must be given in their xn-- form).
+const ADDRESS = /^[^\s@<>()[\],;:"\\]{1,64}@(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$/;
+
+export interface Mailbox {
+  name: string;
+  address: string;
+}
+
+export function isAddress(value: string): boolean {
+  return ADDRESS.test(value);
+}
+
+/** Whether a value would break out of its header line (header injection). */
+export function hasLineBreak(value: string): boolean {
+  return /[\r\n]/.test(value);
+}
+
+/**
+ * `addr` or `Name <addr>` (the name may be quoted): exactly one mailbox, no group.
+ * Returns undefined when the value is not one well-formed mailbox.
+ */
+export function parseMailbox(value: string): Mailbox | undefined {
+  if (hasLineBreak(value)) return undefined;
+  const trimmed = value.trim();
+  if (isAddress(trimmed)) return { name: '', address: trimmed };
+  const parsed = addressparser(trimmed, { flatten: false });
+  if (parsed.length !== 1) return undefined;
+  const [one] = parsed;
+  if (!one || 'group' in one || !one.address || !isAddress(one.address)) return undefined;
+  // "a@b.c d@e.f" parses as one mailbox named "a@b.c": require the <addr> form with a name.
+  if (one.name && !/<[^<>]+>\s*$/.test(trimmed)) return undefined;
+  return { name: one.name ?? '', address: one.address };
+}
+
+/** The domain of a mailbox (`Name <a@example.com>` -> `example.com`), lower-cased. */
+export function mailboxDomain(value: string): string {
+  const address = parseMailbox(value)?.address ?? value;
+  return address.slice(address.lastIndexOf('@') + 1).toLowerCase();
+}

@@ -1,0 +1,222 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { ContentKind } from '../db/entities/email.js';
+import type { Orm } from '../db/orm.js';
+import { Coalescer } from './coalescer.js';
+import type { Logger } from '../logger.js';
+import { mailboxDomain } from './addresses.js';
+import { renderEmail } from './render.js';
+import { classifySendError, type MailTransport } from './transport.js';
+
+/** The hand-over failed in a way that may succeed later: the job is retried. */
+export class RetryLaterError extends Error {
+  constructor(
+    message: string,
+    /** A provider throttle answer: retried later without ever failing the email. */
+    readonly throttle: boolean,
+  ) {
+    super(message);
+    this.name = 'RetryLaterError';
+  }
+}
+
+export type DeliverOutcome =
+  | { outcome: 'sent' | 'delivered'; messageId: string }
+  | { outcome: 'failed'; reason: string }
+  | { outcome: 'skipped'; status: string };
+
+interface ClaimedRow {
+  id: string;
+  from_address: string;
+  to_address: string;
+  cc: string[] | null;
+  bcc: string[] | null;
+  reply_to: string[] | null;
+  subject: string;
+  content_kind: ContentKind;
+  content: string;
+  preview: string | null;
+  text: string | null;
+  headers: Record<string, string>;
+}
+
+interface SentRecord {
+  id: string;
+  message_id: string;
+  html: string;
+  text: string;
+  delivered: boolean;
+}
+
+/**
+ * The status writes of the send path, group-committed: the claims (and the "sent" records)
+ * of the jobs running at once in this process go to PostgreSQL as one statement, so the
+ * database does one commit for many emails instead of two for each.
+ */
+export class DeliveryStore {
+  private readonly claims: Coalescer<string, ClaimedRow | undefined>;
+  private readonly sent: Coalescer<SentRecord, void>;
+
+  constructor(private readonly orm: Orm) {
+    this.claims = new Coalescer(async (ids) => {
+      // The same id twice in one statement would be claimed once but returned to both
+      // callers: only its first caller gets the row.
+      const unique = [...new Set(ids)];
+      const rows = await this.orm.em.fork().execute<ClaimedRow[]>(
+        `update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
+         where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'
+         returning id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
+        [JSON.stringify(unique)],
+        'all',
+      );
+      const byId = new Map(rows.map((r) => [r.id, r]));
+      return ids.map((id) => {
+        const row = byId.get(id);
+        byId.delete(id);
+        return row;
+      });
+    });
+    this.sent = new Coalescer<SentRecord, void>(async (records) => {
+      await this.orm.em.fork().execute(
+        `update emails e set status = 'sent',
+           delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
+           message_id = v.message_id, html = v.html, text = v.text, sent_at = now(), failure_reason = null, updated_at = now()
+         from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, delivered boolean)
+         where e.id = v.id and e.status = 'sending'`,
+        [JSON.stringify(records)],
+        'run',
+      );
+      return records.map(() => undefined);
+    });
+  }
+
+  /** queued -> sending; undefined when the row is not queued (already claimed, sent or failed). */
+  claim(id: string): Promise<ClaimedRow | undefined> {
+    return this.claims.submit(id);
+  }
+
+  markSent(record: SentRecord): Promise<void> {
+    return this.sent.submit(record);
+  }
+
+  /** A rare write (failure, released claim): on its own. */
+  async finish(id: string, set: string, params: unknown[]): Promise<void> {
+    await this.orm.em.fork().execute(`update emails set ${set}, updated_at = now() where id = ? and status = 'sending'`, [...params, id], 'run');
+  }
+
+  async status(id: string): Promise<string> {
+    const [row] = await this.orm.em.fork().execute<{ status: string }[]>('select status from emails where id = ?', [id], 'all');
+    return row?.status ?? 'missing';
+  }
+}
+
+/**
+ * Hands one email to the provider at most once (contract 15). The row is claimed with a
+ * conditional update (queued -> sending) before anything is sent, so a retry, a stalled job
+ * or a second worker that finds it already claimed, sent or failed sends nothing.
+ *
+ * - accepted: status sent (the file transport also marks it delivered), Message-ID, the
+ *   rendered HTML and text stored;
+ * - 5xx or a message that cannot be built: status failed with the reason;
+ * - 4xx or a connection error: the claim is released (queued) and RetryLaterError thrown,
+ *   unless `finalAttempt`, then failed.
+ */
+export async function deliverEmail(
+  store: DeliveryStore,
+  transport: MailTransport,
+  emailId: string,
+  options: { finalAttempt: boolean; log?: Logger },
+): Promise<DeliverOutcome> {
+  const row = await store.claim(emailId);
+  if (!row) return { outcome: 'skipped', status: await store.status(emailId) };
+
+  let rendered: { html: string; text: string };
+  try {
+    rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
+  } catch (error) {
+    const reason = `rendering failed: ${(error as Error).message}`.slice(0, 1000);
+    await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
+    return { outcome: 'failed', reason };
+  }
+
+  const fromDomain = mailboxDomain(row.from_address);
+  const messageId = `${row.id}@${fromDomain}`;
+  let delivered: boolean;
+  try {
+    ({ delivered } = await transport.send({
+      id: row.id,
+      from: row.from_address,
+      to: row.to_address,
+      cc: row.cc,
+      bcc: row.bcc,
+      replyTo: row.reply_to,
+      subject: row.subject,
+      html: rendered.html,
+      text: rendered.text,
+      messageId,
+      fromDomain,
+      headers: row.headers,
+    }));
+  } catch (error) {
+    const { kind, reason } = classifySendError(error);
+    if (kind === 'permanent' || (kind === 'transient' && options.finalAttempt)) {
+      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
+      return { outcome: 'failed', reason };
+    }
+    // Not handed over: release the claim so the retry can take it again.
+    await store.finish(emailId, `status = 'queued', failure_reason = ?`, [reason]);
+    throw new RetryLaterError(reason, kind === 'throttle');
+  }
+
+  await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
+  return { outcome: delivered ? 'delivered' : 'sent', messageId };
+}
+
+// After the provider accepted, the row must say so, or a later run would count it as an
+// interrupted hand-over: the write is retried for about half a minute before giving up.
+const RECORD_RETRIES = [200, 500, 1_000, 2_000, 5_000, 10_000, 15_000];
+
+async function recordSent(store: DeliveryStore, record: SentRecord, log?: Logger): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await store.markSent(record);
+      return;
+    } catch (error) {
+      const wait = RECORD_RETRIES[attempt];
+      if (wait === undefined) {
+        log?.error({ err: error, emailId: record.id }, 'the provider accepted the email but its status could not be recorded');
+        throw error;
+      }
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+}
+
+/**
+ * Reconciler, part 1: rows claimed (`sending`) longer ago than `leaseMs` were interrupted
+ * mid hand-over (the worker died); they are failed rather than risk a duplicate.
+ */
+export async function failInterruptedEmails(em: EntityManager, leaseMs: number): Promise<number> {
+  const rows = await em.execute<{ id: string }[]>(
+    `update emails set status = 'failed', updated_at = now(),
+       failure_reason = 'interrupted while being handed to the provider; not retried so that it is never sent twice'
+     where status = 'sending' and claimed_at < now() - (? * interval '1 millisecond')
+     returning id`,
+    [leaseMs],
+    'all',
+  );
+  return rows.length;
+}
+
+/** Reconciler, part 2: one keyset page of queued emails older than `graceMs`. */
+export async function queuedEmailsPage(
+  em: EntityManager,
+  options: { graceMs: number; afterId?: string; limit: number },
+): Promise<{ id: string; source: 'api' | 'campaign' | 'test' }[]> {
+  return em.execute(
+    `select id, source from emails
+     where status in ('queued', 'sending') and status = 'queued' and id > ? and created_at < now() - (? * interval '1 millisecond')
+     order by id limit ?`,
+    [options.afterId ?? '', options.graceMs, options.limit],
+    'all',
+  );
+}

@@ -1,0 +1,146 @@
+import { getSchema, type Extensions, type JSONContent } from '@tiptap/core';
+import Image from '@tiptap/extension-image';
+import { renderToHTMLString } from '@tiptap/static-renderer/pm/html-string';
+import StarterKit from '@tiptap/starter-kit';
+import { compile } from 'html-to-text';
+import juice from 'juice';
+import { Marked } from 'marked';
+import type { ContentKind } from '../db/entities/email.js';
+
+/**
+ * Server-side rendering of an email body (contract 9): markdown (GFM) or a tiptap document
+ * to HTML, wrapped in an email-safe layout, CSS inlined, `preview` as a hidden preheader,
+ * and a plain-text part generated from the HTML when none was given. Runs in workers only.
+ */
+
+/** The tiptap nodes and marks the service understands (StarterKit + images). */
+export const TIPTAP_EXTENSIONS: Extensions = [StarterKit, Image];
+
+const tiptapSchema = getSchema(TIPTAP_EXTENSIONS);
+
+/** Why a tiptap document is invalid, or undefined when it is a valid `doc`. */
+export function tiptapProblem(doc: unknown): string | undefined {
+  if (!doc || typeof doc !== 'object' || Array.isArray(doc)) return 'must be a tiptap JSON document (an object)';
+  if ((doc as { type?: unknown }).type !== 'doc') return 'must be a tiptap document whose root type is "doc"';
+  try {
+    tiptapSchema.nodeFromJSON(doc).check();
+    return undefined;
+  } catch (error) {
+    return `is not a valid tiptap document: ${(error as Error).message}`;
+  }
+}
+
+const marked = new Marked({ gfm: true, breaks: false, async: false });
+
+export function markdownToHtml(markdown: string): string {
+  return marked.parse(markdown, { async: false });
+}
+
+export function tiptapToHtml(doc: JSONContent): string {
+  return renderToHTMLString({ extensions: TIPTAP_EXTENSIONS, content: doc });
+}
+
+const escapeHtml = (value: string) =>
+  value.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c] ?? c);
+
+// The email-safe styles of generated bodies, inlined on each element (mail clients drop
+// <style> blocks). Markdown and tiptap output is a known, small set of tags, so the styles
+// are set while wrapping instead of re-parsing the HTML with juice: that parse cost more
+// than the rest of a send. A tag that already has a style (raw HTML in markdown) is kept.
+const FONT = "-apple-system, BlinkMacSystemFont, 'Segoe UI', Helvetica, Arial, sans-serif";
+const HEADING = `font-family: ${FONT}; color: #18181b; margin: 0 0 16px; line-height: 1.25;`;
+const TAG_STYLES: Record<string, string> = {
+  h1: `${HEADING} font-size: 28px;`,
+  h2: `${HEADING} font-size: 22px;`,
+  h3: `${HEADING} font-size: 18px;`,
+  h4: `${HEADING} font-size: 16px;`,
+  p: 'margin: 0 0 16px;',
+  a: 'color: #2563eb;',
+  img: 'max-width: 100%; height: auto; border: 0;',
+  blockquote: 'margin: 0 0 16px; padding-left: 16px; border-left: 4px solid #e4e4e7; color: #52525b;',
+  pre: 'padding: 12px; background-color: #f4f4f5; overflow: auto; font-size: 14px;',
+  code: 'font-family: Menlo, Consolas, monospace; font-size: 14px;',
+  table: 'border-collapse: collapse; margin: 0 0 16px;',
+  th: 'border: 1px solid #e4e4e7; padding: 6px 10px; text-align: left;',
+  td: 'border: 1px solid #e4e4e7; padding: 6px 10px;',
+  hr: 'border: 0; border-top: 1px solid #e4e4e7; margin: 24px 0;',
+  ul: 'margin: 0 0 16px; padding-left: 24px;',
+  ol: 'margin: 0 0 16px; padding-left: 24px;',
+};
+const STYLED_TAG = new RegExp(`<(${Object.keys(TAG_STYLES).join('|')})(?=[\\s>/])([^>]*?)(/?)>`, 'gi');
+
+/** Adds the house style to each known opening tag that has no style of its own. */
+export function inlineStyles(html: string): string {
+  return html.replace(STYLED_TAG, (whole, tag: string, attrs: string, selfClose: string) =>
+    /\sstyle\s*=/i.test(attrs) ? whole : `<${tag}${attrs} style="${TAG_STYLES[tag.toLowerCase()]}"${selfClose}>`,
+  );
+}
+
+const BODY_STYLE = 'margin: 0; padding: 0; background-color: #f4f4f5;';
+const CONTENT_STYLE = `padding: 32px; font-family: ${FONT}; font-size: 16px; line-height: 1.5; color: #18181b;`;
+
+function preheader(preview: string | null | undefined): string {
+  if (!preview) return '';
+  // Hidden in the body, shown by inboxes next to the subject.
+  return `<div class="preheader" style="display:none;max-height:0;overflow:hidden;mso-hide:all;font-size:1px;line-height:1px;color:#ffffff;opacity:0;">${escapeHtml(preview)}</div>`;
+}
+
+// Table-based, 600 px wide, system fonts: what renders alike in Outlook, Gmail and Apple Mail.
+function layout(bodyHtml: string, subject: string, preview: string | null | undefined): string {
+  return `<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><meta name="x-apple-disable-message-reformatting"><title>${escapeHtml(subject)}</title></head>
+<body style="${BODY_STYLE}">${preheader(preview)}<table role="presentation" width="100%" cellpadding="0" cellspacing="0" border="0" bgcolor="#f4f4f5" style="width: 100%; background-color: #f4f4f5;"><tr><td align="center">
+<table role="presentation" width="600" cellpadding="0" cellspacing="0" border="0" bgcolor="#ffffff" style="width: 100%; max-width: 600px; margin: 0 auto; background-color: #ffffff;"><tr><td style="${CONTENT_STYLE}">${bodyHtml}</td></tr></table>
+</td></tr></table></body></html>`;
+}
+
+/** Puts the preheader right after <body> of a complete HTML document given by the client. */
+function withPreheader(html: string, preview: string | null | undefined): string {
+  if (!preview) return html;
+  const body = /<body[^>]*>/i.exec(html);
+  if (!body) return preheader(preview) + html;
+  const at = body.index + body[0].length;
+  return html.slice(0, at) + preheader(preview) + html.slice(at);
+}
+
+const htmlToText = compile({
+  wordwrap: 78,
+  selectors: [
+    { selector: 'div.preheader', format: 'skip' },
+    { selector: 'img', format: 'skip' },
+    { selector: 'td > table', format: 'dataTable' },
+    { selector: 'a', options: { hideLinkHrefIfSameAsText: true } },
+    { selector: 'h1', options: { uppercase: false } },
+    { selector: 'h2', options: { uppercase: false } },
+    { selector: 'h3', options: { uppercase: false } },
+  ],
+});
+
+export interface RenderInput {
+  contentKind: ContentKind;
+  /** HTML or markdown, or the tiptap document as JSON text. */
+  content: string;
+  subject: string;
+  preview?: string | null;
+  text?: string | null;
+}
+
+export interface Rendered {
+  html: string;
+  text: string;
+}
+
+export function renderEmail(input: RenderInput): Rendered {
+  let html: string;
+  if (input.contentKind === 'html') {
+    // The client's own HTML is kept as written: only the preheader is added and any <style>
+    // block inlined (juice keeps media queries in the <style>).
+    html = withPreheader(input.content, input.preview);
+    if (/<style[\s>]/i.test(html)) html = juice(html);
+  } else {
+    const body = input.contentKind === 'markdown' ? markdownToHtml(input.content) : tiptapToHtml(JSON.parse(input.content) as JSONContent);
+    html = layout(inlineStyles(body), input.subject, input.preview);
+  }
+  const text = input.text ?? htmlToText(html);
+  return { html, text };
+}

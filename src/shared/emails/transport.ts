@@ -1,0 +1,200 @@
+import { mkdir, rename, writeFile } from 'node:fs/promises';
+import { connect, type Socket } from 'node:net';
+import { join } from 'node:path';
+import nodemailer, { type SendMailOptions, type Transporter } from 'nodemailer';
+import MailComposer from 'nodemailer/lib/mail-composer/index.js';
+import type DKIM from 'nodemailer/lib/dkim/index.js';
+import type { Config } from '../config.js';
+
+/** One message as handed to the provider. */
+export interface OutgoingMessage {
+  /** The email id: names the .eml file of the file transport. */
+  id: string;
+  from: string;
+  to: string;
+  cc?: string[] | null;
+  bcc?: string[] | null;
+  replyTo?: string[] | null;
+  subject: string;
+  html: string;
+  text: string;
+  /** Without angle brackets: `{email id}@{from domain}`. */
+  messageId: string;
+  /** Domain of the From address; selects the DKIM key. */
+  fromDomain: string;
+  headers?: Record<string, string>;
+}
+
+export interface SendResult {
+  /** True when the transport itself is the final destination (file): the email reads `delivered`. */
+  delivered: boolean;
+  response?: string;
+}
+
+/**
+ * Where a DKIM signer plugs in (contract 11): given the From domain, the key to sign with,
+ * or undefined to send unsigned. The domains module provides one; none is set by default.
+ */
+export type DkimResolver = (fromDomain: string) => Promise<DKIM.SingleKeyOptions | undefined>;
+
+export interface MailTransport {
+  readonly kind: 'file' | 'smtp';
+  send(message: OutgoingMessage): Promise<SendResult>;
+  setDkimResolver(resolver: DkimResolver | undefined): void;
+  close(): void;
+}
+
+export interface MailTransportOptions {
+  dkim?: DkimResolver;
+  /** SMTP connections kept open by this process. */
+  maxConnections?: number;
+}
+
+const CONNECT_TIMEOUT_MS = 10_000;
+
+// Enough parallel SMTP sessions to keep a relay busy without looking like a flood.
+const DEFAULT_MAX_CONNECTIONS = 8;
+
+function mailOptions(message: OutgoingMessage): SendMailOptions {
+  return {
+    from: message.from,
+    to: message.to,
+    cc: message.cc ?? undefined,
+    bcc: message.bcc ?? undefined,
+    replyTo: message.replyTo ?? undefined,
+    subject: message.subject,
+    html: message.html,
+    text: message.text,
+    messageId: `<${message.messageId}>`,
+    headers: message.headers,
+    // The body is already final: never let nodemailer fetch a URL or read a file for it.
+    disableFileAccess: true,
+    disableUrlAccess: true,
+  };
+}
+
+/**
+ * Made once per worker process at start-up (STYLE 4). `file` writes RFC 5322 `.eml` files
+ * (CRLF line ends) under MAIL_OUTBOX_DIR and reports them delivered; `smtp` hands them to
+ * SMTP_URL over pooled connections.
+ */
+export function createMailTransport(config: Config['mail'], options: MailTransportOptions = {}): MailTransport {
+  let dkim = options.dkim;
+  const withDkim = async (message: OutgoingMessage): Promise<SendMailOptions> => {
+    const mail = mailOptions(message);
+    const key = dkim ? await dkim(message.fromDomain) : undefined;
+    if (key) mail.dkim = key;
+    return mail;
+  };
+
+  if (config.transport === 'file') {
+    const transporter = nodemailer.createTransport({ streamTransport: true, buffer: true, newline: 'windows' });
+    let ready: Promise<unknown> | undefined;
+    return {
+      kind: 'file',
+      async send(message) {
+        ready ??= mkdir(config.outboxDir, { recursive: true });
+        await ready;
+        const info = await transporter.sendMail(await withDkim(message));
+        const file = join(config.outboxDir, `${message.id}.eml`);
+        // Write then rename, so a reader never sees half a message.
+        await writeFile(`${file}.tmp`, info.message as Buffer);
+        await rename(`${file}.tmp`, file);
+        return { delivered: true, response: `written to ${file}` };
+      },
+      setDkimResolver(resolver) {
+        dkim = resolver;
+      },
+      close() {
+        transporter.close();
+      },
+    };
+  }
+
+  if (!config.smtpUrl) throw new Error('SMTP_URL is required when MAIL_TRANSPORT=smtp');
+  const transporter: Transporter = nodemailer.createTransport({
+    ...smtpConnection(config.smtpUrl),
+    pool: true,
+    maxConnections: options.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
+    maxMessages: Infinity,
+    connectionTimeout: CONNECT_TIMEOUT_MS,
+    greetingTimeout: 10_000,
+    socketTimeout: 60_000,
+  });
+  return {
+    kind: 'smtp',
+    async send(message) {
+      // Built into one buffer first, so the socket gets a few large writes rather than
+      // one per MIME line (with TCP_NODELAY each write would be a packet).
+      const { dkim: key, ...mail } = await withDkim(message);
+      const node = new MailComposer(mail).compile();
+      const raw = await node.build();
+      const info = await transporter.sendMail({ raw, envelope: node.getEnvelope(), dkim: key });
+      return { delivered: false, response: info.response };
+    },
+    setDkimResolver(resolver) {
+      dkim = resolver;
+    },
+    close() {
+      transporter.close();
+    },
+  };
+}
+
+/** `smtp://user:pass@host:port` or `smtps://...` to nodemailer's connection options. */
+export function smtpConnection(smtpUrl: string) {
+  const url = new URL(smtpUrl);
+  const secure = url.protocol === 'smtps:';
+  const user = decodeURIComponent(url.username);
+  return {
+    host: url.hostname.replace(/^\[|\]$/g, ''),
+    port: url.port ? Number(url.port) : secure ? 465 : 587,
+    secure,
+    auth: user ? { user, pass: decodeURIComponent(url.password) } : undefined,
+    // Nagle's algorithm holds back the final "." of DATA until the relay ACKs the body,
+    // which a delayed ACK postpones by ~40 ms: one message per 40 ms per connection. The
+    // pool gets sockets with TCP_NODELAY instead (TLS, implicit or STARTTLS, runs over them).
+    getSocket: (options: { host?: string; port?: number }, callback: (error: Error | null, socketOptions?: { connection: Socket }) => void) => {
+      const socket = connect(options.port ?? 587, options.host ?? 'localhost');
+      socket.setNoDelay(true);
+      const timer = setTimeout(() => {
+        socket.destroy();
+        callback(Object.assign(new Error('Connection timeout'), { code: 'ETIMEDOUT' }));
+      }, CONNECT_TIMEOUT_MS);
+      socket.once('connect', () => {
+        clearTimeout(timer);
+        socket.removeAllListeners('error');
+        callback(null, { connection: socket });
+      });
+      socket.once('error', (error) => {
+        clearTimeout(timer);
+        callback(error);
+      });
+    },
+  };
+}
+
+export type SendFailureKind = 'permanent' | 'transient' | 'throttle';
+
+// 4xx answers that mean "not now" (rate, load, temporary local trouble): retried later,
+// never a final failure.
+const THROTTLE_CODES = new Set([421, 450, 451, 452, 454]);
+const THROTTLE_WORDING = /rate|throttl|too many|try again later|slow down/i;
+
+/** How to react to a failed hand-over: 5xx fails the email, 4xx and network errors retry. */
+export function classifySendError(error: unknown): { kind: SendFailureKind; reason: string } {
+  const e = error as { responseCode?: number; response?: string; code?: string; message?: string };
+  const reason = (e.response ?? e.message ?? String(error)).slice(0, 1000);
+  const code = e.responseCode;
+  // The relay refused OUR credentials or TLS: a configuration problem to fix, not a verdict on
+  // this email, so it is retried with backoff (and the operator sees the warnings).
+  if (e.code === 'EAUTH' || e.code === 'ETLS' || e.code === 'ENOAUTH') return { kind: 'transient', reason };
+  if (typeof code === 'number') {
+    if (code >= 500) return { kind: 'permanent', reason };
+    if (code >= 400) return { kind: THROTTLE_CODES.has(code) || THROTTLE_WORDING.test(reason) ? 'throttle' : 'transient', reason };
+  }
+  // A message nodemailer refuses to build (e.g. no valid recipient) will never go through.
+  if (e.code === 'EENVELOPE' || e.code === 'EMESSAGE') return { kind: 'permanent', reason };
+  // Connection refused/reset, timeouts, TLS and DNS trouble: the relay may be back soon.
+  return { kind: 'transient', reason };
+}

@@ -1,0 +1,89 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { LinkSigner } from '../crypto.js';
+import type { SubscriberRow } from './rows.js';
+
+/**
+ * Double opt-in (spec 3.2, contract 6 and 10): a PENDING_CONFIRMATION subscriber gets an
+ * email whose link `GET {PUBLIC_URL}/confirm/{token}` makes it SUBSCRIBED. The token signs
+ * the subscriber id and its address, so a link never confirms an address changed since.
+ */
+export const CONFIRM_PURPOSE = 'confirm';
+
+export function confirmationToken(signer: LinkSigner, subscriber: { id: string; email: string }): string {
+  return signer.sign(CONFIRM_PURPOSE, `${subscriber.id} ${subscriber.email}`);
+}
+
+export function confirmationUrl(publicUrl: string, token: string): string {
+  return `${publicUrl.replace(/\/+$/, '')}/confirm/${token}`;
+}
+
+export interface ConfirmationEmailInput {
+  organization: { name: string };
+  subscriber: { email: string; name: string | null };
+  confirmUrl: string;
+}
+
+/** Markdown characters that would change the meaning of a name shown in the message. */
+function escapeMarkdown(text: string): string {
+  return text.replace(/[\\`*_{}[\]()#+\-.!<>|~]/g, '\\$&');
+}
+
+/** The confirmation message; the send pipeline renders the markdown (pure, no I/O). */
+export function buildConfirmationEmail(input: ConfirmationEmailInput): { subject: string; markdown: string } {
+  const org = input.organization.name.replace(/[\r\n]+/g, ' ').trim();
+  const greeting = input.subscriber.name ? `Hello ${escapeMarkdown(input.subscriber.name)},` : 'Hello,';
+  return {
+    subject: `Confirm your subscription to ${org}`,
+    markdown: [
+      greeting,
+      '',
+      `Please confirm that you want to receive emails from ${escapeMarkdown(org)} at ${escapeMarkdown(input.subscriber.email)}.`,
+      '',
+      `[Confirm my subscription](${input.confirmUrl})`,
+      '',
+      `Or open this link: ${input.confirmUrl}`,
+      '',
+      'If you did not ask for this, ignore this email: you will not be subscribed.',
+    ].join('\n'),
+  };
+}
+
+export type ConfirmOutcome = 'confirmed' | 'already_confirmed' | 'not_pending';
+
+export interface ConfirmEvidence {
+  ip: string | null;
+  userAgent: string | null;
+  now: Date;
+}
+
+/**
+ * Confirms the subscriber of a token and stores the evidence. Null when the token is
+ * forged, altered, or names no subscriber with that address any more.
+ */
+export async function confirmSubscription(
+  em: EntityManager,
+  signer: LinkSigner,
+  token: string,
+  evidence: ConfirmEvidence,
+): Promise<{ outcome: ConfirmOutcome; organizationName: string } | null> {
+  const value = signer.verify(CONFIRM_PURPOSE, token);
+  const [id, email] = value?.split(' ') ?? [];
+  if (!id || !email) return null;
+  return em.transactional(async (tx) => {
+    const found = (await tx.execute(
+      `select s.*, o.name as organization_name from subscribers s join organizations o on o.id = s.organization_id
+        where s.id = ? and s.email = ? for update of s`,
+      [id, email],
+    )) as Array<SubscriberRow & { organization_name: string }>;
+    const row = found[0];
+    if (!row) return null;
+    const organizationName = row.organization_name;
+    if (row.status === 'SUBSCRIBED') return { outcome: 'already_confirmed' as const, organizationName };
+    if (row.status !== 'PENDING_CONFIRMATION') return { outcome: 'not_pending' as const, organizationName };
+    await tx.execute(
+      `update subscribers set status = 'SUBSCRIBED', confirmed_at = ?, confirm_ip = ?, confirm_user_agent = ?, updated_at = ? where id = ?`,
+      [evidence.now, evidence.ip, evidence.userAgent?.slice(0, 1000) ?? null, evidence.now, row.id],
+    );
+    return { outcome: 'confirmed' as const, organizationName };
+  });
+}

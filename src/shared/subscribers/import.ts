@@ -1,0 +1,134 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { newId } from '../ids.js';
+import { cleanFields, cleanTagNames, EmailAddress } from './input.js';
+import { ensureTags } from './service.js';
+import { inTransaction, rows as query } from './sql.js';
+
+/**
+ * Bulk import of subscribers (`cli subscribers import FILE.csv`). Semantics are those of
+ * `POST /subscribers` with `skipDoubleOptIn: true` (the operator vouches for the list):
+ * upsert by address, tags added, fields merged, an empty cell changes nothing; new and
+ * pending contacts become SUBSCRIBED, UNSUBSCRIBED ones too unless resubscribe is off;
+ * BOUNCED, COMPLAINED and BANNED stay. Each batch is one transaction of a few statements.
+ */
+
+export const RESERVED_COLUMNS = ['email', 'name', 'phone', 'tags'] as const;
+const NAME_MAX = 255;
+const PHONE_MAX = 50;
+
+export interface ImportRow {
+  email: string;
+  name: string | null;
+  phone: string | null;
+  tags: string[];
+  fields: Record<string, string>;
+}
+
+export type ParsedRecord = { row: ImportRow; warnings: string[] } | { error: string };
+
+/** One CSV record (header names lower-cased) to an import row, or why it is skipped. */
+export function parseImportRecord(record: Record<string, string | undefined>): ParsedRecord {
+  const email = EmailAddress.safeParse(record.email ?? '');
+  if (!email.success) return { error: `invalid email address "${(record.email ?? '').slice(0, 80)}"` };
+  const name = record.name?.trim() || null;
+  const phone = record.phone?.trim() || null;
+  if (name && name.length > NAME_MAX) return { error: `name longer than ${NAME_MAX} characters` };
+  if (phone && phone.length > PHONE_MAX) return { error: `phone longer than ${PHONE_MAX} characters` };
+  const tags = cleanTagNames((record.tags ?? '').split(/[;|]/).filter((t) => t.trim() !== ''));
+  const raw: Record<string, string> = {};
+  for (const [column, value] of Object.entries(record)) {
+    if ((RESERVED_COLUMNS as readonly string[]).includes(column) || value === undefined || value === '') continue;
+    raw[column] = value;
+  }
+  const fields = cleanFields(raw);
+  return { row: { email: email.data, name, phone, tags: tags.names, fields: fields.set }, warnings: [...tags.warnings, ...fields.warnings] };
+}
+
+/** Rows of one address in one batch are merged (a statement may touch a row only once). */
+export function mergeByEmail(rows: readonly ImportRow[]): ImportRow[] {
+  const merged = new Map<string, ImportRow>();
+  for (const row of rows) {
+    const seen = merged.get(row.email);
+    if (!seen) {
+      merged.set(row.email, { ...row, tags: [...row.tags], fields: { ...row.fields } });
+      continue;
+    }
+    seen.name = row.name ?? seen.name;
+    seen.phone = row.phone ?? seen.phone;
+    Object.assign(seen.fields, row.fields);
+    const have = new Set(seen.tags.map((t) => t.toLowerCase()));
+    for (const tag of row.tags) if (!have.has(tag.toLowerCase())) seen.tags.push(tag);
+  }
+  // One lock order for every batch, so concurrent imports never deadlock on each other.
+  return [...merged.values()].sort((a, b) => (a.email < b.email ? -1 : a.email > b.email ? 1 : 0));
+}
+
+export interface BatchResult {
+  created: number;
+  updated: number;
+}
+
+export async function importBatch(
+  em: EntityManager,
+  organizationId: string,
+  batch: readonly ImportRow[],
+  options: { resubscribe: boolean; now: Date },
+): Promise<BatchResult> {
+  const rows = mergeByEmail(batch);
+  if (rows.length === 0) return { created: 0, updated: 0 };
+  const { now } = options;
+  return inTransaction(em, async (tx) => {
+    const tagNames = cleanTagNames(rows.flatMap((r) => r.tags)).names;
+    const tags = await ensureTags(tx, organizationId, tagNames, now);
+    const tagIds = new Map(tags.map((t) => [t.name.toLowerCase(), t.id]));
+
+    const upserted = await query<{ id: string; email: string; inserted: boolean }>(
+      tx,
+      `insert into subscribers (id, organization_id, email, name, phone, status, fields, created_at, updated_at)
+       select r.id, ?, r.email, r.name, r.phone, 'SUBSCRIBED', r.fields, ?, ?
+         from jsonb_to_recordset(?::jsonb) as r(id text, email text, name text, phone text, fields jsonb)
+       on conflict (organization_id, email) do update set
+         name = coalesce(excluded.name, subscribers.name),
+         phone = coalesce(excluded.phone, subscribers.phone),
+         fields = subscribers.fields || excluded.fields,
+         status = case subscribers.status
+           when 'UNSUBSCRIBED' then case when ? then 'SUBSCRIBED' else 'UNSUBSCRIBED' end
+           when 'PENDING_CONFIRMATION' then 'SUBSCRIBED'
+           when 'TRANSACTIONAL' then 'SUBSCRIBED'
+           else subscribers.status end,
+         unsubscribed_at = case when subscribers.status = 'UNSUBSCRIBED' and ? then null else subscribers.unsubscribed_at end,
+         updated_at = excluded.updated_at
+       returning id, email, (xmax = 0) as inserted`,
+      [
+        organizationId,
+        now,
+        now,
+        JSON.stringify(rows.map((r) => ({ id: newId('sub'), email: r.email, name: r.name, phone: r.phone, fields: r.fields }))),
+        options.resubscribe,
+        options.resubscribe,
+      ],
+    );
+
+    const idByEmail = new Map(upserted.map((r) => [r.email, r.id]));
+    const pairs: Array<{ s: string; t: string }> = [];
+    for (const row of rows) {
+      const subscriberId = idByEmail.get(row.email);
+      if (!subscriberId) continue;
+      for (const tag of row.tags) {
+        const tagId = tagIds.get(tag.toLowerCase());
+        if (tagId) pairs.push({ s: subscriberId, t: tagId });
+      }
+    }
+    if (pairs.length > 0) {
+      await query(
+        tx,
+        `insert into subscriber_tags (subscriber_id, tag_id, created_at)
+         select p.s, p.t, ? from jsonb_to_recordset(?::jsonb) as p(s text, t text)
+         on conflict do nothing`,
+        [now, JSON.stringify(pairs)],
+      );
+    }
+    const created = upserted.filter((r) => r.inserted).length;
+    return { created, updated: upserted.length - created };
+  }, { asyncCommit: true });
+}

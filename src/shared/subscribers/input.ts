@@ -1,0 +1,86 @@
+import countries from 'i18n-iso-countries';
+import { z } from 'zod';
+
+/**
+ * Input rules of the audience module shared by the API and the CSV import (contract 6).
+ * Bad input as a whole is refused (422); a single tag or field that cannot be applied is
+ * skipped with a warning naming it, and the rest is written.
+ */
+
+/** Trimmed, lower-cased, then checked: an organization has one subscriber per address. */
+export const EmailAddress = z
+  .string()
+  .trim()
+  .toLowerCase()
+  .max(254, 'must be at most 254 characters')
+  .pipe(z.email({ message: 'must be a valid email address' }));
+
+export function normalizeEmail(value: string): string {
+  return value.trim().toLowerCase();
+}
+
+/** ISO 3166-1 alpha-2, any case on input, stored upper-case. */
+export const CountryCode = z
+  .string()
+  .trim()
+  .toUpperCase()
+  .refine((code) => code.length === 2 && countries.isValid(code), 'must be an ISO 3166-1 alpha-2 country code');
+
+export const IpAddress = z.union([z.ipv4(), z.ipv6()], { message: 'must be an IPv4 or IPv6 address' });
+
+export const TAG_NAME_MAX = 100;
+export const FIELD_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
+export const FIELD_VALUE_MAX = 10_000;
+
+/** Tag name of the tag endpoints (spec 4.7): 1 to 100 characters after trimming. */
+export const TagName = z
+  .string()
+  .trim()
+  .min(1, 'must be 1 to 100 characters')
+  .max(TAG_NAME_MAX, 'must be 1 to 100 characters');
+
+function shown(value: string): string {
+  return value.length > 40 ? `${value.slice(0, 40)}…` : value;
+}
+
+/** Usable tag names (trimmed, de-duplicated regardless of case) and a warning per bad one. */
+export function cleanTagNames(names: readonly string[] | undefined): { names: string[]; warnings: string[] } {
+  const out = new Map<string, string>();
+  const warnings: string[] = [];
+  for (const raw of names ?? []) {
+    const name = raw.trim();
+    if (name.length === 0 || name.length > TAG_NAME_MAX) {
+      warnings.push(`tag "${shown(raw)}" was not applied: a tag name is 1 to ${TAG_NAME_MAX} characters`);
+      continue;
+    }
+    if (!out.has(name.toLowerCase())) out.set(name.toLowerCase(), name);
+  }
+  return { names: [...out.values()], warnings };
+}
+
+export interface CleanFields {
+  /** Fields to set. */
+  set: Record<string, string>;
+  /** Fields to remove (given as null). */
+  remove: string[];
+  warnings: string[];
+}
+
+/** Splits a `fields` map into values to set and names to remove; bad names or values warn. */
+export function cleanFields(fields: Record<string, string | null> | undefined): CleanFields {
+  const result: CleanFields = { set: {}, remove: [], warnings: [] };
+  for (const [name, value] of Object.entries(fields ?? {})) {
+    if (!FIELD_NAME.test(name)) {
+      result.warnings.push(
+        `field "${shown(name)}" was not applied: a field name starts with a letter and has at most 64 letters, digits or _`,
+      );
+    } else if (value === null) {
+      result.remove.push(name);
+    } else if (value.length > FIELD_VALUE_MAX) {
+      result.warnings.push(`field "${name}" was not applied: its value is longer than ${FIELD_VALUE_MAX} characters`);
+    } else {
+      result.set[name] = value;
+    }
+  }
+  return result;
+}

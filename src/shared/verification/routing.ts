@@ -1,0 +1,128 @@
+import type { Redis } from 'ioredis';
+import type { DnsLookup } from '../dns/types.js';
+import { isPinnedProvider } from './lists.js';
+
+/**
+ * DNS mail routing of a domain (spec 4.3 rule 1) and its cache (rule 9).
+ * - MX records → the lowest-preference exchanges that resolve to an address (A, then AAAA);
+ * - no MX at all (NODATA) → the domain's own A/AAAA: the implicit MX of RFC 5321 5.1;
+ * - a null MX (one record, preference 0, exchange ".", RFC 7505) → no mail destination;
+ * - NXDOMAIN → the domain does not exist; no MX, A or AAAA → no mail destination;
+ * - a temporary failure anywhere → `temporary`, never cached.
+ * Definitive answers are cached in Redis per domain, shared by every organization: routes
+ * 12 hours (7 days for PINNED_PROVIDERS), answers without a route 1 hour, so a domain that
+ * is being set up is not refused for half a day.
+ */
+export type Routing =
+  | { outcome: 'mx' | 'implicit'; hosts: string[]; addresses: string[] }
+  | { outcome: 'null_mx' | 'no_route' | 'nxdomain' };
+
+export type RoutingLookup = (Routing & { cacheHit: boolean }) | { outcome: 'temporary'; reason: string; cacheHit: false };
+
+export const ROUTE_TTL_SECONDS = 12 * 3600;
+export const PINNED_ROUTE_TTL_SECONDS = 7 * 24 * 3600;
+export const NEGATIVE_TTL_SECONDS = 3600;
+/** Exchanges tried in preference order before giving up on a domain. */
+const MAX_EXCHANGES = 3;
+
+class Temporary extends Error {}
+
+async function addressesOf(dns: DnsLookup, host: string): Promise<string[]> {
+  const a = await dns.a(host);
+  if (a.kind === 'temporary') throw new Temporary(`A ${host}: ${a.reason}`);
+  if (a.kind === 'answer' && a.records.length > 0) return a.records;
+  const aaaa = await dns.aaaa(host);
+  if (aaaa.kind === 'temporary') throw new Temporary(`AAAA ${host}: ${aaaa.reason}`);
+  return aaaa.kind === 'answer' ? aaaa.records : [];
+}
+
+export async function resolveRouting(dns: DnsLookup, domain: string): Promise<Routing | { outcome: 'temporary'; reason: string }> {
+  try {
+    const mx = await dns.mx(domain);
+    if (mx.kind === 'temporary') return { outcome: 'temporary', reason: `MX ${domain}: ${mx.reason}` };
+    if (mx.kind === 'nxdomain') return { outcome: 'nxdomain' };
+    if (mx.kind === 'answer' && mx.records.length > 0) {
+      if (mx.records.some((r) => r.exchange === '' || r.exchange === '.')) return { outcome: 'null_mx' };
+      const exchanges = [...mx.records].sort((x, y) => x.priority - y.priority).map((r) => r.exchange.replace(/\.$/, '').toLowerCase());
+      let temporary: Temporary | null = null;
+      for (const host of exchanges.slice(0, MAX_EXCHANGES)) {
+        try {
+          const addresses = await addressesOf(dns, host);
+          if (addresses.length > 0) return { outcome: 'mx', hosts: exchanges, addresses };
+        } catch (error) {
+          if (!(error instanceof Temporary)) throw error;
+          temporary = error;
+        }
+      }
+      return temporary ? { outcome: 'temporary', reason: temporary.message } : { outcome: 'no_route' };
+    }
+    const addresses = await addressesOf(dns, domain);
+    return addresses.length > 0 ? { outcome: 'implicit', hosts: [domain], addresses } : { outcome: 'no_route' };
+  } catch (error) {
+    if (error instanceof Temporary) return { outcome: 'temporary', reason: error.message };
+    throw error;
+  }
+}
+
+export function routingTtl(domain: string, routing: Routing): number {
+  if (routing.outcome !== 'mx' && routing.outcome !== 'implicit') return NEGATIVE_TTL_SECONDS;
+  return isPinnedProvider(domain) ? PINNED_ROUTE_TTL_SECONDS : ROUTE_TTL_SECONDS;
+}
+
+/**
+ * A small in-process copy of the Redis cache in front of it: the busiest domains (the big
+ * providers) then cost no round trip at all. Entries live at most a minute, so a change
+ * in Redis (expiry) is seen by every process soon after.
+ */
+export class LocalRoutingCache {
+  private readonly entries = new Map<string, { routing: Routing; expiresAt: number }>();
+
+  constructor(
+    private readonly ttlMs = 60_000,
+    private readonly max = 10_000,
+  ) {}
+
+  get(domain: string, now: number): Routing | undefined {
+    const entry = this.entries.get(domain);
+    if (entry && entry.expiresAt > now) return entry.routing;
+    if (entry) this.entries.delete(domain);
+    return undefined;
+  }
+
+  set(domain: string, routing: Routing, ttlSeconds: number, now: number): void {
+    if (this.entries.size >= this.max) {
+      const oldest = this.entries.keys().next().value;
+      if (oldest !== undefined) this.entries.delete(oldest);
+    }
+    this.entries.set(domain, { routing, expiresAt: now + Math.min(this.ttlMs, ttlSeconds * 1000) });
+  }
+}
+
+export interface RoutingDeps {
+  dns: DnsLookup;
+  redis: Redis;
+  cacheKey: (domain: string) => string;
+  local?: LocalRoutingCache;
+}
+
+/** Routing of `domain`, from the shared cache when there, else resolved and cached. */
+export async function lookupRouting(deps: RoutingDeps, domain: string): Promise<RoutingLookup> {
+  const now = Date.now();
+  const local = deps.local?.get(domain, now);
+  if (local) return { ...local, cacheHit: true };
+  const key = deps.cacheKey(domain);
+  const replies = await deps.redis.multi().get(key).ttl(key).exec();
+  const cached = (replies?.[0]?.[1] ?? null) as string | null;
+  const ttl = Number(replies?.[1]?.[1] ?? -1);
+  if (cached) {
+    const routing = JSON.parse(cached) as Routing;
+    if (ttl > 0) deps.local?.set(domain, routing, ttl, now);
+    return { ...routing, cacheHit: true };
+  }
+  const routing = await resolveRouting(deps.dns, domain);
+  if (routing.outcome === 'temporary') return { ...routing, cacheHit: false };
+  const seconds = routingTtl(domain, routing);
+  await deps.redis.set(key, JSON.stringify(routing), 'EX', seconds);
+  deps.local?.set(domain, routing, seconds, now);
+  return { ...routing, cacheHit: false };
+}

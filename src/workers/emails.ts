@@ -1,0 +1,149 @@
+import { DelayedError } from 'bullmq';
+import type { Services } from '../shared/container.js';
+import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError } from '../shared/emails/deliver.js';
+import { purgeIdempotencyKeys, queueForSource, sendJob, type EmailQueueName } from '../shared/emails/service.js';
+import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
+
+export interface EmailProcessorOptions {
+  /** Emails handed over at once by one worker process. */
+  concurrency?: number;
+  /** How often the reconciler runs. */
+  reconcileEveryMs?: number;
+  /** A queued email younger than this is left to its (maybe still coming) job. */
+  reconcileGraceMs?: number;
+  /** A claimed (`sending`) row older than this was interrupted. */
+  sendLeaseMs?: number;
+}
+
+// The hand-over of one message takes seconds at worst (socket timeout 60 s); a claim older
+// than ten minutes can only belong to a worker that died.
+const DEFAULTS: Required<EmailProcessorOptions> = {
+  concurrency: 32,
+  reconcileEveryMs: 60_000,
+  reconcileGraceMs: 60_000,
+  sendLeaseMs: 10 * 60_000,
+};
+const PURGE_EVERY_MS = 3_600_000;
+const RECONCILE_PAGE = 1_000;
+
+// Provider throttling (421/450/454...): retried after 5 s, 10 s, 20 s ... capped at 15 min,
+// each with jitter, for as long as it lasts; it never fails the email.
+const THROTTLE_BASE_MS = 5_000;
+const THROTTLE_MAX_MS = 15 * 60_000;
+
+export function throttleDelay(throttled: number): number {
+  const ceiling = Math.min(THROTTLE_MAX_MS, THROTTLE_BASE_MS * 2 ** Math.min(throttled, 20));
+  return Math.round(ceiling / 2 + Math.random() * (ceiling / 2));
+}
+
+// One store (and its group commits) per process's services, made on first use.
+const stores = new WeakMap<Services, DeliveryStore>();
+function storeOf(services: Services): DeliveryStore {
+  let store = stores.get(services);
+  if (!store) {
+    store = new DeliveryStore(services.orm);
+    stores.set(services, store);
+  }
+  return store;
+}
+
+async function send(payload: { emailId: string; throttled?: number }, ctx: JobContext) {
+  const { job } = ctx;
+  const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+  try {
+    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log });
+    if (result.outcome === 'failed') ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
+    return result;
+  } catch (error) {
+    if (error instanceof RetryLaterError && error.throttle && job.token) {
+      // Moved back to delayed without spending an attempt.
+      const throttled = (payload.throttled ?? 0) + 1;
+      await job.updateData({ ...payload, throttled });
+      await job.moveToDelayed(Date.now() + throttleDelay(throttled - 1), job.token);
+      ctx.log.info({ emailId: payload.emailId, throttled, reason: error.message }, 'provider throttled; retrying later');
+      throw new DelayedError();
+    }
+    throw error;
+  }
+}
+
+/**
+ * The consumer of an email queue: `send` hands one email to the provider; on the `emails`
+ * queue it also runs the reconciler and the Idempotency-Key purge on schedules. Campaign
+ * mail gets its own queue (`campaign-emails`) served by the same factory, so transactional
+ * mail overtakes it.
+ */
+export function emailSendProcessor(queue: EmailQueueName = 'emails', options: EmailProcessorOptions = {}): QueueProcessor<'emails'> {
+  const o = { ...DEFAULTS, ...options };
+  return defineProcessor({
+    queue,
+    concurrency: o.concurrency,
+    handlers: {
+      send,
+      'send-batch': async (payload, ctx) => {
+        await ctx.services.producer.addBulk(queue, payload.emailIds.map(sendJob));
+        return { enqueued: payload.emailIds.length };
+      },
+      reconcile: async (_payload, ctx) => {
+        const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs);
+        if (interrupted > 0) ctx.log.warn({ interrupted }, 'failed emails interrupted mid hand-over');
+        let afterId: string | undefined;
+        let requeued = 0;
+        for (;;) {
+          const page = await queuedEmailsPage(ctx.em, { graceMs: o.reconcileGraceMs, afterId, limit: RECONCILE_PAGE });
+          if (page.length === 0) break;
+          afterId = page[page.length - 1]!.id;
+          requeued += await requeueMissing(ctx, page);
+          if (page.length < RECONCILE_PAGE) break;
+        }
+        if (requeued > 0) ctx.log.warn({ requeued }, 're-enqueued queued emails whose job was missing');
+        return { interrupted, requeued };
+      },
+      'purge-idempotency-keys': async (_payload, ctx) => ({ purged: await purgeIdempotencyKeys(ctx.em) }),
+    },
+    async onStart(services) {
+      const producerQueue = services.producer.queue(queue);
+      // BullMQ's queue-wide limiter: one budget for every worker process together.
+      const rate = services.config.mail.ratePerSecond;
+      if (rate) await producerQueue.setGlobalRateLimit(rate, 1_000);
+      else await producerQueue.removeGlobalRateLimit();
+      if (queue === 'emails') {
+        await producerQueue.upsertJobScheduler('emails-reconcile', { every: o.reconcileEveryMs }, { name: 'reconcile', data: {} });
+        await producerQueue.upsertJobScheduler('emails-purge-idempotency-keys', { every: PURGE_EVERY_MS }, { name: 'purge-idempotency-keys', data: {} });
+      }
+    },
+  });
+}
+
+/** Enqueues the emails whose job is gone; a job that finished while its row is still queued is replaced. */
+async function requeueMissing(ctx: JobContext, rows: { id: string; source: 'api' | 'campaign' | 'test' }[]): Promise<number> {
+  let requeued = 0;
+  const byQueue = new Map<EmailQueueName, string[]>();
+  for (const row of rows) {
+    const q = queueForSource(row.source);
+    byQueue.set(q, [...(byQueue.get(q) ?? []), row.id]);
+  }
+  for (const [name, ids] of byQueue) {
+    const queue = ctx.services.producer.queue(name);
+    const pipeline = ctx.services.redis.pipeline();
+    for (const id of ids) pipeline.hget(queue.toKey(id), 'finishedOn').exists(queue.toKey(id));
+    const replies = (await pipeline.exec()) ?? [];
+    const missing: string[] = [];
+    for (let i = 0; i < ids.length; i++) {
+      const finishedOn = replies[2 * i]?.[1];
+      const exists = replies[2 * i + 1]?.[1];
+      if (!exists) missing.push(ids[i]!);
+      else if (finishedOn) {
+        await queue.remove(ids[i]!);
+        missing.push(ids[i]!);
+      }
+    }
+    if (missing.length > 0) {
+      await ctx.services.producer.addBulk(name, missing.map(sendJob));
+      requeued += missing.length;
+    }
+  }
+  return requeued;
+}
+
+export const emailsProcessor = emailSendProcessor('emails');

@@ -1,0 +1,125 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRedis, waitForRedis } from '../src/shared/redis.js';
+import { buildConfirmationEmail, confirmationToken } from '../src/shared/subscribers/confirmation.js';
+import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { subscribersProcessor } from '../src/workers/subscribers.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+let ctx: TestContext;
+let token: string;
+let workers: RunningWorkers;
+let connection: ReturnType<typeof createRedis>;
+
+beforeAll(async () => {
+  ctx = await createTestContext({ PUBLIC_URL: 'https://mail.example.test' });
+  // The producer connection fails fast until it is ready (no offline queue): wait for it.
+  await waitForRedis(ctx.services.redis);
+  ({ token } = await createOrg(ctx.services, { name: 'Acme News', doubleOptIn: true }));
+  connection = createRedis(ctx.services.config.redisUrl, 'worker');
+  workers = await startWorkers(ctx.services, connection, [subscribersProcessor]);
+});
+afterAll(async () => {
+  await workers?.close();
+  connection?.disconnect();
+  await ctx?.close();
+});
+
+function api(method: 'GET' | 'POST' | 'PATCH', url: string, body?: unknown) {
+  return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(token), ...(body === undefined ? {} : { payload: body as object }) });
+}
+
+async function finishedJob(id: string) {
+  const queue = ctx.services.producer.queue('subscribers');
+  const deadline = Date.now() + 5_000;
+  for (;;) {
+    const job = await queue.getJob(id);
+    if ((job && job.finishedOn) || Date.now() > deadline) return job;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+function evidence(id: string) {
+  return ctx.services.orm.em
+    .fork()
+    .execute('select status, confirmed_at, confirm_ip, confirm_user_agent from subscribers where id = ?', [id]) as Promise<Array<Record<string, unknown>>>;
+}
+
+describe('buildConfirmationEmail', () => {
+  it('builds a subject and markdown holding the link', () => {
+    const url = 'https://mail.example.test/confirm/abc.def';
+    const email = buildConfirmationEmail({ organization: { name: 'Acme' }, subscriber: { email: 'a@example.com', name: 'Ann' }, confirmUrl: url });
+    expect(email.subject).toBe('Confirm your subscription to Acme');
+    expect(email.markdown).toContain(`](${url})`);
+    expect(email.markdown).toContain('Hello Ann,');
+  });
+});
+
+describe('double opt-in confirmation (contract 6, 10)', () => {
+  it('the send-confirmation job builds the message with a signed link that confirms with evidence', async () => {
+    const s = (await api('POST', '/subscribers', { email: 'confirm-me@example.com', name: 'Cora' })).json();
+    expect(s.status).toBe('PENDING_CONFIRMATION');
+    const job = await finishedJob(`confirm-${s.id}`);
+    expect(job?.failedReason).toBeUndefined();
+    const { message } = job!.returnvalue as { message: { to: string; subject: string; markdown: string } };
+    expect(message.to).toBe('confirm-me@example.com');
+    expect(message.subject).toContain('Acme News');
+    const link = /https:\/\/mail\.example\.test\/confirm\/([A-Za-z0-9_.-]+)/.exec(message.markdown);
+    expect(link).not.toBeNull();
+
+    const head = await ctx.app.inject({ method: 'HEAD', url: `/confirm/${link![1]}` });
+    expect(head.statusCode).toBe(404);
+    expect((await evidence(s.id))[0].status).toBe('PENDING_CONFIRMATION');
+
+    const page = await ctx.app.inject({ url: `/confirm/${link![1]}`, headers: { 'user-agent': 'MailClient/1.0' }, remoteAddress: '198.51.100.4' });
+    expect(page.statusCode).toBe(200);
+    expect(page.headers['content-type']).toContain('text/html');
+    expect(page.body).toContain('Subscription confirmed');
+    const [row] = await evidence(s.id);
+    expect(row).toMatchObject({ status: 'SUBSCRIBED', confirm_ip: '198.51.100.4', confirm_user_agent: 'MailClient/1.0' });
+    expect(row.confirmed_at).not.toBeNull();
+    expect((await api('GET', `/subscribers/${s.id}`)).json().status).toBe('SUBSCRIBED');
+
+    const again = await ctx.app.inject({ url: `/confirm/${link![1]}` });
+    expect(again.statusCode).toBe(200);
+    expect(again.body).toContain('Already confirmed');
+  });
+
+  it('a forged, altered or other-purpose token is 404 and changes nothing', async () => {
+    const s = (await api('POST', '/subscribers', { email: 'forged@example.com' })).json();
+    const good = confirmationToken(ctx.services.signer, s);
+    const forged = [
+      `${good.slice(0, -2)}xx`,
+      ctx.services.signer.sign('unsubscribe', `${s.id} ${s.email}`),
+      Buffer.from(`${s.id} ${s.email}`).toString('base64url'),
+      'nothing',
+    ];
+    for (const t of forged) {
+      const res = await ctx.app.inject({ url: `/confirm/${t}` });
+      expect(res.statusCode).toBe(404);
+      expect(res.headers['content-type']).toContain('text/html');
+    }
+    expect((await evidence(s.id))[0].status).toBe('PENDING_CONFIRMATION');
+  });
+
+  it('a link does not confirm an address changed since it was sent', async () => {
+    const s = (await api('POST', '/subscribers', { email: 'before@example.com' })).json();
+    const link = confirmationToken(ctx.services.signer, s);
+    await api('PATCH', `/subscribers/${s.id}`, { email: 'after@example.com' });
+    expect((await ctx.app.inject({ url: `/confirm/${link}` })).statusCode).toBe(404);
+  });
+
+  it('does not re-subscribe a contact that unsubscribed before confirming', async () => {
+    const s = (await api('POST', '/subscribers', { email: 'changed-mind@example.com' })).json();
+    await api('POST', `/subscribers/${s.id}/unsubscribe`);
+    const res = await ctx.app.inject({ url: `/confirm/${confirmationToken(ctx.services.signer, s)}` });
+    expect(res.body).toContain('Nothing to confirm');
+    expect((await evidence(s.id))[0].status).toBe('UNSUBSCRIBED');
+  });
+
+  it('the job skips a subscriber that is no longer pending', async () => {
+    const s = (await api('POST', '/subscribers', { email: 'quick@example.com', skipDoubleOptIn: true })).json();
+    await ctx.services.producer.add('subscribers', { name: 'send-confirmation', data: { subscriberId: s.id }, jobId: `manual-${s.id}` });
+    const job = await finishedJob(`manual-${s.id}`);
+    expect(job?.returnvalue).toEqual({ skipped: true });
+  });
+});

@@ -1,0 +1,69 @@
+import { simpleParser, type ParsedMail } from 'mailparser';
+import type { AddressInfo } from 'node:net';
+import { SMTPServer, type SMTPServerAddress } from 'smtp-server';
+
+export interface SinkReply {
+  code: number;
+  message: string;
+}
+
+/**
+ * A real SMTP server on 127.0.0.1 (port 0) that keeps every message it accepts, parsed.
+ * `answer(rcpt)` may refuse a recipient with an SMTP code (4xx/5xx) before DATA.
+ */
+export interface SmtpSink {
+  url: string;
+  messages: ParsedMail[];
+  /** Raw count, cheaper than parsing (benchmarks). */
+  accepted: number;
+  answer?: (recipient: string) => SinkReply | undefined;
+  close(): Promise<void>;
+}
+
+export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<SmtpSink> {
+  const parse = options.parse ?? true;
+  const sink: SmtpSink = {
+    url: '',
+    messages: [],
+    accepted: 0,
+    close: async () => {},
+  };
+  const server = new SMTPServer({
+    authOptional: true,
+    disabledCommands: ['STARTTLS', 'AUTH'],
+    logger: false,
+    size: 20 * 1024 * 1024,
+    onRcptTo(address: SMTPServerAddress, _session, callback) {
+      const reply = sink.answer?.(address.address);
+      if (reply) {
+        const error = new Error(reply.message) as Error & { responseCode: number };
+        error.responseCode = reply.code;
+        return callback(error);
+      }
+      callback();
+    },
+    onData(stream, _session, callback) {
+      if (!parse) {
+        stream.on('data', () => {});
+        stream.on('end', () => {
+          sink.accepted++;
+          callback();
+        });
+        return;
+      }
+      simpleParser(stream).then(
+        (mail) => {
+          sink.messages.push(mail);
+          sink.accepted++;
+          callback();
+        },
+        (error: Error) => callback(error),
+      );
+    },
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.server.address() as AddressInfo;
+  sink.url = `smtp://127.0.0.1:${port}`;
+  sink.close = () => new Promise<void>((resolve) => server.close(() => resolve()));
+  return sink;
+}

@@ -1,0 +1,104 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitForRedis } from '../src/shared/redis.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+const run = promisify(execFile);
+let ctx: TestContext;
+let org: { token: string; organizationId: string };
+let dir: string;
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+  // The producer connection fails fast until it is ready (no offline queue): wait for it.
+  await waitForRedis(ctx.services.redis);
+  org = await createOrg(ctx.services, { doubleOptIn: true });
+  dir = await mkdtemp(join(tmpdir(), 'mailroom-import-'));
+});
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+  await ctx?.close();
+});
+
+async function cli(args: string[]) {
+  try {
+    const { stdout, stderr } = await run('npx', ['tsx', 'src/cli/main.ts', ...args], { env: { ...process.env, ...ctx.env.env }, cwd: process.cwd() });
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const e = error as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+function get(ref: string) {
+  return ctx.app.inject({ url: `/api/v2/subscribers/${ref}`, headers: bearer(org.token) });
+}
+
+describe('cli subscribers import (contract 1)', () => {
+  it('upserts rows with tags and custom fields and prints a summary', async () => {
+    // An existing contact: its tag stays, its fields merge, it is re-subscribed.
+    const setup = [
+      await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(org.token), payload: { email: 'old@example.com', tags: ['kept'], fields: { city: 'Lyon', plan: 'free' }, skipDoubleOptIn: true } }),
+      await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/old@example.com/unsubscribe', headers: bearer(org.token) }),
+    ];
+    expect(setup.map((r) => r.statusCode), setup.map((r) => r.body).join('\n')).toEqual([200, 200]);
+    const file = join(dir, 'people.csv');
+    await writeFile(
+      file,
+      [
+        'Email,Name,phone,tags,plan,1bad',
+        'Ann@Example.com,Ann,+33 1,vip;news,pro,x',
+        'bob@example.com,,,"news|beta",,',
+        'not-an-address,Nope,,,,',
+        'old@example.com,Old Timer,,new,gold,',
+        'ann@example.com,,,late,,',
+      ].join('\n'),
+    );
+    const result = await cli(['subscribers', 'import', file, '--org', org.organizationId, '--json']);
+    expect(result.code, result.stderr).toBe(0);
+    const summary = JSON.parse(result.stdout);
+    expect(summary, result.stderr).toMatchObject({ rows: 5, created: 2, updated: 1, skipped: 1, warnings: 1 });
+    expect(result.stderr).toContain('invalid email address');
+
+    const ann = (await get('ann@example.com')).json();
+    expect(ann).toMatchObject({ name: 'Ann', phone: '+33 1', status: 'SUBSCRIBED', fields: [{ name: 'plan', value: 'pro' }] });
+    expect(ann.tags.map((t: { name: string }) => t.name)).toEqual(['late', 'news', 'vip']);
+    const bob = (await get('bob@example.com')).json();
+    expect(bob).toMatchObject({ name: null, fields: [] });
+    expect(bob.tags.map((t: { name: string }) => t.name)).toEqual(['beta', 'news']);
+    const old = (await get('old@example.com')).json();
+    expect(old).toMatchObject({ name: 'Old Timer', status: 'SUBSCRIBED', fields: [{ name: 'city', value: 'Lyon' }, { name: 'plan', value: 'gold' }] });
+    expect(old.tags.map((t: { name: string }) => t.name)).toEqual(['kept', 'new']);
+  });
+
+  it('keeps unsubscribed contacts with --no-resubscribe and is idempotent', async () => {
+    await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/old@example.com/unsubscribe', headers: bearer(org.token) });
+    const file = join(dir, 'again.csv');
+    await writeFile(file, 'email,tags\nold@example.com,new\n');
+    const result = await cli(['subscribers', 'import', file, '--org', org.organizationId, '--no-resubscribe']);
+    expect(result.code, result.stderr).toBe(0);
+    expect(result.stdout).toContain('0 created, 1 updated');
+    expect((await get('old@example.com')).json().status).toBe('UNSUBSCRIBED');
+  });
+
+  it('fails with a message for an unknown organization or a missing file', async () => {
+    const file = join(dir, 'one.csv');
+    await writeFile(file, 'email\na@example.com\n');
+    const unknown = await cli(['subscribers', 'import', file, '--org', 'org_00000000000000000000000000']);
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toContain('no organization');
+    const missing = await cli(['subscribers', 'import', join(dir, 'nope.csv'), '--org', org.organizationId]);
+    expect(missing.code).toBe(1);
+    const noOrg = await cli(['subscribers', 'import', file]);
+    expect(noOrg.code).toBe(2);
+    const noEmail = join(dir, 'no-email.csv');
+    await writeFile(noEmail, 'name,phone\nAnn,1\n');
+    const noColumn = await cli(['subscribers', 'import', noEmail, '--org', org.organizationId]);
+    expect(noColumn.code).toBe(2);
+    expect(noColumn.stderr).toContain('no email column');
+  });
+});
