@@ -1,12 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { McpClients, runBoth, runOverHttp } from './helpers/agents.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { VERIFICATION_ZONE } from './helpers/verification-fixtures.js';
 
 let ctx: TestContext;
 let clients: McpClients;
 let token: string;
 let otherToken: string;
 let baseUrl: string;
+let dns: TestDnsServer;
 
 const REQUIRED_TOOLS = [
   'verify_email',
@@ -24,7 +27,8 @@ const REQUIRED_TOOLS = [
 ];
 
 beforeAll(async () => {
-  ctx = await createTestContext();
+  dns = await startDnsServer(VERIFICATION_ZONE);
+  ctx = await createTestContext({ DNS_SERVERS: dns.address });
   ({ token } = await createOrg(ctx.services));
   ({ token: otherToken } = await createOrg(ctx.services, { name: 'Other' }));
   baseUrl = await ctx.app.listen({ host: '127.0.0.1', port: 0 });
@@ -33,7 +37,12 @@ beforeAll(async () => {
 afterAll(async () => {
   await clients?.close();
   await ctx?.close();
+  await dns?.close();
 });
+
+function v2(method: 'GET' | 'POST' | 'PATCH', url: string, payload?: object, as = token) {
+  return ctx.app.inject({ method, url, headers: bearer(as), ...(payload ? { payload } : {}) });
+}
 
 async function mint(permissions: string[], name = permissions.join('+')): Promise<string> {
   const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(token), payload: { name, permissions } });
@@ -195,5 +204,131 @@ describe('MCP at /mcp', () => {
   it('answers GET with 405 (stateless: no server stream)', async () => {
     const res = await fetch(`${baseUrl}/mcp`, { headers: { accept: 'text/event-stream', ...bearer(token) } });
     expect(res.status).toBe(405);
+  });
+});
+
+describe('verify_email', () => {
+  it('answers what POST /api/v2/verify answers and counts against the same monthly quota', async () => {
+    const direct = await v2('POST', '/api/v2/verify', { email: 'jane@acme.io' });
+    expect(direct.statusCode).toBe(200);
+    expect(direct.json()).toMatchObject({ object: 'email_verification', result: 'risky', accept: true, score: 80 });
+    const used = direct.json().quota.used;
+    const res = await runBoth(ctx, clients, token, 'verify_email', { email: 'jane@acme.io' }, { ignore: ['id', 'quota'] });
+    expect(res.statusCode).toBe(200);
+    const body = res.body as { id: string; quota: { used: number }; cache_hit: boolean };
+    const { id: _a, quota: _b, cache_hit: _c, ...rest } = direct.json();
+    expect(body).toMatchObject({ ...rest, cache_hit: true });
+    // The v2 call, then the HTTP tool call, then the MCP call: one quota.
+    expect(body.quota.used).toBe(used + 1);
+    const after = await v2('POST', '/api/v2/verify', { email: 'x@acme.io' });
+    expect(after.json().quota.used).toBe(used + 3);
+  });
+
+  it('reports a rejection as 200 and a missing email as 422 naming it', async () => {
+    const res = await runBoth(ctx, clients, token, 'verify_email', { email: 'not an address' }, { ignore: ['id', 'quota'] });
+    expect(res.statusCode).toBe(200);
+    expect(res.body).toMatchObject({ accept: false, issues: [{ code: 'invalid_format' }] });
+    const missing = await runBoth(ctx, clients, token, 'verify_email', {});
+    expect(missing.statusCode).toBe(422);
+    expect(missing.body).toMatchObject({ name: 'validation_error', details: [{ path: 'arguments.email' }] });
+  });
+
+  it("answers the endpoint's 403 without the emails permission", async () => {
+    const narrow = await mint(['subscribers'], 'no emails');
+    const res = await runBoth(ctx, clients, narrow, 'verify_email', { email: 'jane@acme.io' });
+    expect(res).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
+  });
+});
+
+describe('send_email, get_email, list_emails', () => {
+  const message = { from: 'Acme <hello@acme.test>', to: 'jane@example.com', subject: 'Hello', markdown: '# Hi' };
+
+  it('sends once per idempotency key, and the email is what v2 shows', async () => {
+    const res = await runBoth(ctx, clients, token, 'send_email', { ...message, idempotency_key: 'tool-send-1' });
+    expect(res.statusCode).toBe(200);
+    const { id } = res.body as { id: string };
+    expect(id).toMatch(/^eml_/);
+    const direct = await v2('GET', `/api/v2/emails/${id}`);
+    expect(direct.json()).toMatchObject({ id, subject: 'Hello', to: ['jane@example.com'], last_event: 'queued' });
+    const got = await runBoth(ctx, clients, token, 'get_email', { id });
+    expect(got).toEqual({ statusCode: 200, body: direct.json() });
+    // HTTP and MCP sent with the same key: one email.
+    const listed = await v2('GET', '/api/v2/emails');
+    expect(listed.json().data.filter((row: { id: string }) => row.id === id)).toHaveLength(1);
+  });
+
+  it('sends without a key, and refuses what the endpoint refuses', async () => {
+    const res = await runOverHttp(ctx, token, 'send_email', message);
+    expect(res.statusCode).toBe(200);
+    const two = await runBoth(ctx, clients, token, 'send_email', { ...message, to: ['a@example.com', 'b@example.com'] });
+    expect(two).toMatchObject({ statusCode: 422, body: { name: 'validation_error', details: [expect.objectContaining({ path: 'arguments.to' })] } });
+    const none = await runBoth(ctx, clients, token, 'send_email', { from: message.from, to: message.to, subject: 'x' });
+    expect(none).toMatchObject({ statusCode: 422, body: { name: 'validation_error' } });
+  });
+
+  it('lists like GET /api/v2/emails, with its cursors and errors', async () => {
+    const direct = await v2('GET', '/api/v2/emails?limit=1');
+    const res = await runBoth(ctx, clients, token, 'list_emails', { limit: 1 });
+    expect(res).toEqual({ statusCode: 200, body: direct.json() });
+    const first = direct.json().data[0].id;
+    const older = await v2('GET', `/api/v2/emails?after=${first}`);
+    expect(await runBoth(ctx, clients, token, 'list_emails', { after: first })).toEqual({ statusCode: 200, body: older.json() });
+    const both = await runBoth(ctx, clients, token, 'list_emails', { after: first, before: first });
+    expect(both).toMatchObject({ statusCode: 422, body: { name: 'validation_error' } });
+  });
+
+  it("answers 404 for another organization's email and 403 validation_error without emails", async () => {
+    const { id } = (await runOverHttp(ctx, token, 'send_email', message)).body as { id: string };
+    expect(await runBoth(ctx, clients, otherToken, 'get_email', { id })).toMatchObject({ statusCode: 404, body: { name: 'not_found' } });
+    const narrow = await mint(['subscribers'], 'no emails either');
+    expect(await runBoth(ctx, clients, narrow, 'list_emails', {})).toMatchObject({ statusCode: 403, body: { name: 'validation_error' } });
+    expect(await runBoth(ctx, clients, narrow, 'send_email', message)).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
+  });
+});
+
+describe('subscriber tools', () => {
+  it('create_subscriber upserts like POST /api/v2/subscribers', async () => {
+    const res = await runBoth(ctx, clients, token, 'create_subscriber', { email: 'Ann@Example.com', name: 'Ann', tags: ['vip'], fields: { plan: 'pro' } });
+    expect(res.statusCode).toBe(200);
+    expect(res.body).toMatchObject({ email: 'ann@example.com', name: 'Ann', status: 'SUBSCRIBED', tags: [{ name: 'vip' }], fields: { plan: 'pro' } });
+    const bad = await runBoth(ctx, clients, token, 'create_subscriber', { email: 'nope' });
+    expect(bad).toMatchObject({ statusCode: 422, body: { name: 'validation_error', details: [{ path: 'arguments.email' }] } });
+  });
+
+  it('get_subscriber answers GET /api/v2/subscribers/{s} by id or email', async () => {
+    const direct = await v2('GET', '/api/v2/subscribers/ann%40example.com');
+    expect(direct.statusCode).toBe(200);
+    expect(await runBoth(ctx, clients, token, 'get_subscriber', { subscriber: 'ann@example.com' })).toEqual({ statusCode: 200, body: direct.json() });
+    expect(await runBoth(ctx, clients, token, 'get_subscriber', { subscriber: direct.json().id })).toEqual({ statusCode: 200, body: direct.json() });
+    expect(await runBoth(ctx, clients, otherToken, 'get_subscriber', { subscriber: 'ann@example.com' })).toMatchObject({ statusCode: 404 });
+  });
+
+  it('update_subscriber patches, and v2 sees it', async () => {
+    const res = await runOverHttp(ctx, token, 'update_subscriber', { subscriber: 'ann@example.com', name: 'Ann B', fields: { plan: 'team' } });
+    expect(res).toMatchObject({ statusCode: 200, body: { name: 'Ann B', fields: { plan: 'team' } } });
+    const again = await runBoth(ctx, clients, token, 'update_subscriber', { subscriber: 'ann@example.com', name: 'Ann B', fields: { plan: 'team' } });
+    expect(again).toEqual(res);
+    const direct = await v2('GET', '/api/v2/subscribers/ann%40example.com');
+    expect(direct.json()).toMatchObject({ name: 'Ann B', fields: [{ name: 'plan', value: 'team' }] });
+    const missing = await runBoth(ctx, clients, token, 'update_subscriber', { subscriber: 'ghost@example.com', name: 'x' });
+    expect(missing).toMatchObject({ statusCode: 404, body: { name: 'not_found' } });
+  });
+
+  it('unsubscribe_subscriber unsubscribes, and v2 sees it', async () => {
+    const res = await runBoth(ctx, clients, token, 'unsubscribe_subscriber', { subscriber: 'ann@example.com' });
+    expect(res).toMatchObject({ statusCode: 200, body: { email: 'ann@example.com', status: 'UNSUBSCRIBED' } });
+    expect((await v2('GET', '/api/v2/subscribers/ann%40example.com')).json().status).toBe('UNSUBSCRIBED');
+  });
+
+  it("answers the endpoint's 403 without the subscribers permission", async () => {
+    const narrow = await mint(['emails'], 'emails only');
+    for (const [name, args] of [
+      ['create_subscriber', { email: 'z@example.com' }],
+      ['get_subscriber', { subscriber: 'ann@example.com' }],
+      ['update_subscriber', { subscriber: 'ann@example.com', name: 'x' }],
+      ['unsubscribe_subscriber', { subscriber: 'ann@example.com' }],
+    ] as const) {
+      expect(await runBoth(ctx, clients, narrow, name, args)).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
+    }
   });
 });

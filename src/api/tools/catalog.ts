@@ -1,5 +1,8 @@
 import { z } from 'zod';
+import { SendEmailBody } from '../../shared/emails/input.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
+import { CreateBody as CreateSubscriberBody, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
+import { VerifyBody } from '../routes/verification.js';
 import { segment, type EndpointRequest } from './dispatch.js';
 
 /**
@@ -59,41 +62,7 @@ const Limit = z.number().int().min(1).max(100);
 
 const Id = (what: string) => z.string().min(1).describe(what);
 
-// ---- Endpoint schemas. Each is the route file's own export once that route exists. ----
-
-const VerifyBody = z.object({ email: z.string().describe('The address to check') });
-
-const SendEmailBody = z
-  .object({
-    from: z.string().describe('`addr` or `Name <addr>`'),
-    to: z.union([z.string(), z.array(z.string()).length(1)]).describe('Exactly one recipient'),
-    subject: z.string(),
-    html: z.string().optional(),
-    markdown: z.string().optional(),
-    tiptap: z.unknown().optional(),
-    text: z.string().optional(),
-    preview: z.string().optional(),
-    reply_to: z.union([z.string(), z.array(z.string())]).optional(),
-    cc: z.union([z.string(), z.array(z.string())]).optional(),
-    bcc: z.union([z.string(), z.array(z.string())]).optional(),
-    tags: z.array(z.object({ name: z.string(), value: z.string() })).optional(),
-  })
-  .describe('Exactly one of html, markdown or tiptap');
-
-const SubscriberBody = z.object({
-  email: z.string(),
-  name: z.string().nullable().optional(),
-  phone: z.string().nullable().optional(),
-  tags: z.array(z.string()).optional(),
-  fields: z.record(z.string(), z.string().nullable()).optional(),
-  replaceTags: z.boolean().optional(),
-  resubscribe: z.boolean().optional(),
-  triggerWorkflows: z.boolean().optional(),
-  skipDoubleOptIn: z.boolean().optional(),
-  ipAddress: z.string().optional(),
-  country: z.string().optional(),
-});
-const PatchSubscriberBody = SubscriberBody.partial();
+// ---- Endpoint schemas: the route files' own, where the route exists. ----
 
 const SendCampaignBody = z.object({
   scheduledAt: z.string().optional().describe('ISO 8601; omit to send now'),
@@ -150,7 +119,7 @@ export const tools: Tool[] = [
     name: 'create_subscriber',
     description: 'Create a subscriber, or update the one with that email (upsert), with tags and custom fields.',
     permission: 'subscribers',
-    inputSchema: SubscriberBody,
+    inputSchema: CreateSubscriberBody,
     toRequest: (body) => ({ method: 'POST', url: '/api/v2/subscribers', body }),
   }),
   defineTool({

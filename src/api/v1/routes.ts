@@ -16,26 +16,29 @@ interface Mirror {
   path: string;
   /** v2 path under /api/v2 when it differs. */
   v2?: string;
-  /** A cursor list: v1 `page`/`cursor`/`limit` become v2 `after`/`limit`. */
-  list?: boolean;
+  /**
+   * `cursor`: a v2 cursor list, v1 `page`/`cursor`/`limit` become v2 `after`/`limit`.
+   * `all`: v2 answers the whole list (tags); v1 pages it the same way in memory.
+   */
+  list?: 'cursor' | 'all';
 }
 
 const MIRRORED: Mirror[] = [
   { method: 'POST', path: '/emails/verify', v2: '/verify' },
   { method: 'POST', path: '/verify' },
   { method: 'POST', path: '/subscribers' },
-  { method: 'GET', path: '/subscribers', list: true },
+  { method: 'GET', path: '/subscribers', list: 'cursor' },
   { method: 'GET', path: '/subscribers/:subscriber' },
   { method: 'PATCH', path: '/subscribers/:subscriber' },
   { method: 'POST', path: '/subscribers/:subscriber/unsubscribe' },
   { method: 'POST', path: '/subscribers/:subscriber/tags' },
   { method: 'DELETE', path: '/subscribers/:subscriber/tags' },
-  { method: 'GET', path: '/subscribers/:subscriber/events', list: true },
+  { method: 'GET', path: '/subscribers/:subscriber/events', list: 'cursor' },
   { method: 'POST', path: '/events' },
-  { method: 'GET', path: '/tags', list: true },
+  { method: 'GET', path: '/tags', list: 'all' },
   { method: 'POST', path: '/tags' },
   { method: 'GET', path: '/tags/:tag' },
-  { method: 'GET', path: '/campaigns', list: true },
+  { method: 'GET', path: '/campaigns', list: 'cursor' },
   { method: 'POST', path: '/campaigns' },
   { method: 'GET', path: '/campaigns/:campaignId' },
   { method: 'PATCH', path: '/campaigns/:campaignId' },
@@ -107,6 +110,21 @@ async function forwardList(app: App, request: FastifyRequest, reply: FastifyRepl
   return sendWrapped(reply, { ...response, body: items }, { pagination: { page, limit, hasMore, nextCursor } });
 }
 
+/** The same `page`/`cursor`/`limit` over a v2 list that answers everything at once. */
+async function forwardWholeList(app: App, request: FastifyRequest, reply: FastifyReply, url: string) {
+  const { page = 1, cursor, limit = DEFAULT_PAGE_SIZE, ...filters } = ListQuery.parse(request.query);
+  const response = await dispatch(app, request, { method: 'GET', url, query: filters as Record<string, string | undefined> });
+  if (response.statusCode >= 400) return sendWrapped(reply, response);
+  const { items } = asPage(response.body);
+  const start = cursor === undefined ? 0 : items.findIndex((item) => item.id === cursor) + 1;
+  const from = start + (page - 1) * limit;
+  const pageItems = items.slice(from, from + limit);
+  const hasMore = items.length > from + limit;
+  const last = pageItems.at(-1);
+  const nextCursor = hasMore && last && typeof last.id === 'string' ? last.id : null;
+  return sendWrapped(reply, { ...response, body: pageItems }, { pagination: { page, limit, hasMore, nextCursor } });
+}
+
 function forwardedHeaders(request: FastifyRequest): Record<string, string | undefined> {
   const key = request.headers['idempotency-key'];
   return { 'idempotency-key': typeof key === 'string' ? key : undefined };
@@ -129,7 +147,8 @@ export async function v1Routes(app: App): Promise<void> {
       schema: { hide: true, ...(mirror.list ? { querystring: ListQuery } : {}) },
       handler: async (request, reply) => {
         const url = v2Url(mirror.v2 ?? mirror.path, request.params);
-        if (mirror.list) return forwardList(app, request, reply, url);
+        if (mirror.list === 'cursor') return forwardList(app, request, reply, url);
+        if (mirror.list === 'all') return forwardWholeList(app, request, reply, url);
         const target: EndpointRequest = { method: mirror.method, url, body: request.body ?? undefined };
         return sendWrapped(reply, await dispatch(app, request, target));
       },
