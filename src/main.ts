@@ -1,5 +1,5 @@
 import { startApi } from './api/server.js';
-import { bootConfig, onShutdown } from './shared/boot.js';
+import { bootConfig, handleShutdown } from './shared/boot.js';
 import { closeServices, createServices } from './shared/container.js';
 import { ensureDatabase, migrate } from './shared/db/orm.js';
 import { startWorkerProcess } from './workers/main.js';
@@ -8,6 +8,7 @@ import { startWorkerProcess } from './workers/main.js';
 // missing, applies migrations, then serves the API and runs every worker. Ctrl-C stops
 // taking requests, lets active requests and jobs finish, then exits.
 const { config, logger } = bootConfig('mailroom');
+const shutdown = handleShutdown(logger);
 try {
   if (await ensureDatabase(config.databaseUrl)) logger.info('created the database');
 } catch (error) {
@@ -19,8 +20,11 @@ const applied = await migrate(services.orm);
 if (applied.length > 0) logger.info({ applied }, 'applied migrations');
 const workers = await startWorkerProcess(services);
 const app = await startApi(services);
-logger.info(`mailroom is running on http://${config.host}:${config.port} (docs at /docs)`);
-onShutdown(logger, async () => {
+// The bound address, not the configured one: PORT=0 lets the OS choose.
+const bound = app.server.address();
+const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
+logger.info(`mailroom is running on http://${where} (docs at /docs)`);
+shutdown.onStop(async () => {
   await app.close();
   await workers.close();
   await closeServices(services);

@@ -123,3 +123,43 @@ describe('double opt-in confirmation (contract 6, 10)', () => {
     expect(job?.returnvalue).toEqual({ skipped: true });
   });
 });
+
+describe('double opt-in end to end through the file transport (issue 3 "done when")', () => {
+  it('writes a confirmation .eml whose link confirms the subscriber', async () => {
+    const { emailsProcessor } = await import('../src/workers/emails.js');
+    const { readFile } = await import('node:fs/promises');
+    const { join } = await import('node:path');
+    const emailConnection = createRedis(ctx.services.config.redisUrl, 'worker');
+    const emailWorkers = await startWorkers(ctx.services, emailConnection, [emailsProcessor]);
+    try {
+      const created = (await api('POST', '/subscribers', { email: 'eml-confirm@example.com', name: 'Eve' })).json();
+      expect(created.status).toBe('PENDING_CONFIRMATION');
+      const job = await finishedJob(`confirm-${created.id}`);
+      const { emailId } = job!.returnvalue as { emailId: string };
+      expect(emailId).toMatch(/^eml_/);
+
+      let eml = '';
+      const deadline = Date.now() + 10_000;
+      while (!eml && Date.now() < deadline) {
+        eml = await readFile(join(ctx.services.config.mail.outboxDir, `${emailId}.eml`), 'utf8').catch(() => '');
+        if (!eml) await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(eml).toContain('To: eml-confirm@example.com');
+      expect(eml).toMatch(/^From: "?Acme News"? <no-reply@mail\.example\.test>/m);
+      // Quoted-printable may fold the link: unfold soft line breaks before looking for it.
+      const body = eml.replace(/=\r?\n/g, '').replace(/=3D/g, '=');
+      const token = /https:\/\/mail\.example\.test\/confirm\/([A-Za-z0-9_.-]+)/.exec(body)?.[1];
+      expect(token).toBeTruthy();
+
+      const page = await ctx.app.inject({ method: 'GET', url: `/confirm/${token}`, headers: { 'user-agent': 'eml-test' } });
+      expect(page.statusCode).toBe(200);
+      const [row] = await evidence(created.id);
+      expect(row).toMatchObject({ status: 'SUBSCRIBED', confirm_user_agent: 'eml-test' });
+      const sent = await api('GET', `/emails/${emailId}`);
+      expect(sent.json().last_event).toBe('delivered');
+    } finally {
+      await emailWorkers.close();
+      emailConnection.disconnect();
+    }
+  });
+});

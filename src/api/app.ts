@@ -5,7 +5,7 @@ import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTyp
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
 import { adminDashboard } from './plugins/admin.js';
-import { authHook, TokenCache } from './plugins/auth.js';
+import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { registerErrorHandling } from './plugins/errors.js';
 import { registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
@@ -49,6 +49,19 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   registerErrorHandling(app);
   registerMetrics(app);
 
+  // Graceful shutdown: a request accepted before close() is still answered, but its
+  // keep-alive connection must then close, or server.close() waits for that idle socket
+  // until keepAliveTimeout (72 s). Fastify only does this for requests routed after close().
+  let closing = false;
+  app.addHook('preClose', (done) => {
+    closing = true;
+    done();
+  });
+  app.addHook('onSend', (_request, reply, payload, done) => {
+    if (closing) void reply.header('connection', 'close');
+    done(null, payload);
+  });
+
   await app.register(swagger, {
     openapi: {
       openapi: '3.1.0',
@@ -71,9 +84,10 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();
+  const rateLimiter = new RateLimiter(services);
   await app.register(
     async (v2) => {
-      v2.addHook('onRequest', authHook(services, tokenCache));
+      v2.addHook('onRequest', authHook(services, tokenCache, rateLimiter));
       for (const routes of v2Routes) await v2.register(routes);
     },
     { prefix: '/api/v2' },

@@ -1,5 +1,5 @@
 import { pathToFileURL } from 'node:url';
-import { bootConfig, onShutdown } from '../shared/boot.js';
+import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices, type Services } from '../shared/container.js';
 import { buildApp } from './app.js';
 import type { App } from './types.js';
@@ -14,9 +14,10 @@ export async function startApi(services: Services): Promise<App> {
 // `npm run start:api` (Procfile `web`): the API alone.
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const { config, logger } = bootConfig('mailroom-api');
+  const shutdown = handleShutdown(logger);
   const services = await createServices(config, logger);
   const app = await startApi(services);
-  onShutdown(logger, async () => {
+  shutdown.onStop(async () => {
     await app.close();
     await closeServices(services);
   });

@@ -20,16 +20,22 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
   return { config, logger };
 }
 
+export interface Shutdown {
+  /** How to stop once started; a signal received during start-up runs it right away. */
+  onStop(stop: () => Promise<void>): void;
+}
+
 /**
- * Runs `stop` once on SIGINT or SIGTERM, then exits. A second signal exits at once.
+ * Installs the SIGINT and SIGTERM handlers at once, before start-up: a signal that comes
+ * while the process is still starting (connecting, migrating) is remembered, and the process
+ * stops gracefully as soon as it has started, instead of dying of the signal. `stop` runs
+ * once, then the process exits 0 (1 if `stop` fails). A second signal exits at once.
  */
-export function onShutdown(logger: Logger, stop: () => Promise<void>): void {
+export function handleShutdown(logger: Logger): Shutdown {
   let stopping = false;
-  const handler = (signal: NodeJS.Signals) => {
-    if (stopping) {
-      logger.warn({ signal }, 'second signal: exiting now');
-      process.exit(1);
-    }
+  let requested: NodeJS.Signals | undefined;
+  let stopFn: (() => Promise<void>) | undefined;
+  const run = (signal: NodeJS.Signals, stop: () => Promise<void>) => {
     stopping = true;
     logger.info({ signal }, 'shutting down: finishing requests and active jobs');
     stop().then(
@@ -40,6 +46,28 @@ export function onShutdown(logger: Logger, stop: () => Promise<void>): void {
       },
     );
   };
+  const handler = (signal: NodeJS.Signals) => {
+    if (stopping || requested) {
+      logger.warn({ signal }, 'second signal: exiting now');
+      process.exit(1);
+    }
+    if (stopFn) run(signal, stopFn);
+    else {
+      requested = signal;
+      logger.info({ signal }, 'signal received while starting: stopping once started');
+    }
+  };
   process.on('SIGINT', handler);
   process.on('SIGTERM', handler);
+  return {
+    onStop(stop) {
+      stopFn = stop;
+      if (requested && !stopping) run(requested, stop);
+    },
+  };
+}
+
+/** Runs `stop` once on SIGINT or SIGTERM, then exits (see handleShutdown). */
+export function onShutdown(logger: Logger, stop: () => Promise<void>): void {
+  handleShutdown(logger).onStop(stop);
 }

@@ -7,7 +7,7 @@ import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
-import { createRedis } from './redis.js';
+import { createRedis, settleConnection } from './redis.js';
 
 /**
  * The infrastructure of one process, made once at start-up and passed down (STYLE 4).
@@ -35,6 +35,9 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const orm = await initOrm({ databaseUrl: config.databaseUrl, logger });
   const redis = createRedis(config.redisUrl, 'producer');
   redis.on('error', (error) => logger.debug({ err: error }, 'redis connection error'));
+  // The producer connection refuses commands until it is ready (fail fast): without this
+  // wait the first requests after start-up, and /readyz, would answer 503.
+  if (!(await settleConnection(redis))) logger.warn('Redis is not reachable yet: requests that need it answer 503 until it is');
   const producer = new QueueProducer(redis, config.redisPrefix);
   return {
     config,

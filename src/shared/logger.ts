@@ -17,6 +17,9 @@ const REDACT = [
   'config.adminPassword',
   'config.providerWebhookSecret',
   'config.mail.smtpUrl',
+  // These URLs may carry a password (postgres://user:pass@..., redis://:pass@...).
+  'config.databaseUrl',
+  'config.redisUrl',
   'smtpUrl',
   '*.token',
   '*.secret',

@@ -44,3 +44,26 @@ export async function waitForRedis(redis: Redis, timeoutMs = 5_000): Promise<voi
     redis.on('ready', onReady);
   });
 }
+
+/**
+ * Resolves once the first connection attempt has settled, ready or failed (at most
+ * `timeoutMs`): true when ready. A process waits for this before serving, so its first
+ * requests are not refused merely because the socket is still connecting, and it still
+ * starts (answering 503) while Redis is down.
+ */
+export async function settleConnection(redis: Redis, timeoutMs = 3_000): Promise<boolean> {
+  if (redis.status === 'ready') return true;
+  return new Promise<boolean>((resolve) => {
+    const done = (ready: boolean) => {
+      clearTimeout(timer);
+      redis.off('ready', onReady);
+      redis.off('error', onError);
+      resolve(ready);
+    };
+    const onReady = () => done(true);
+    const onError = () => done(false);
+    const timer = setTimeout(() => done(false), timeoutMs);
+    redis.on('ready', onReady);
+    redis.on('error', onError);
+  });
+}

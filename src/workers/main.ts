@@ -1,5 +1,5 @@
 import { pathToFileURL } from 'node:url';
-import { bootConfig, onShutdown } from '../shared/boot.js';
+import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices, type Services } from '../shared/container.js';
 import { createRedis } from '../shared/redis.js';
 import { processors } from './index.js';
@@ -30,9 +30,10 @@ export async function startWorkerProcess(
 // `npm run start:worker` (Procfile `worker`): the queues named in WORKER_QUEUES, or all.
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const { config, logger } = bootConfig('mailroom-worker');
+  const shutdown = handleShutdown(logger);
   const services = await createServices(config, logger);
   const workers = await startWorkerProcess(services);
-  onShutdown(logger, async () => {
+  shutdown.onStop(async () => {
     await workers.close();
     await closeServices(services);
   });

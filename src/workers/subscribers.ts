@@ -1,3 +1,4 @@
+import { createEmails, requestHash } from '../shared/emails/service.js';
 import { buildConfirmationEmail, confirmationToken, confirmationUrl } from '../shared/subscribers/confirmation.js';
 import type { SubscriberRow } from '../shared/subscribers/rows.js';
 import { defineProcessor, type JobContext } from './runner.js';
@@ -12,15 +13,45 @@ export interface ConfirmationMessage {
 }
 
 /**
- * THE one place where the confirmation email leaves the audience module. The transactional
- * send pipeline (src/shared/emails/service.ts, `createEmails(em, inputs)`) is wired here
- * when it is merged: create one email for `message.to` with `message.subject` and
- * `message.markdown` in `message.organizationId`. Until then the message is only built
- * and logged, and returned as the job's result.
+ * The From of the organization's own mail: its oldest sender, else `no-reply@` the host of
+ * PUBLIC_URL (docs/audience.md). Named after the organization either way.
  */
-export async function handOffConfirmationEmail(ctx: JobContext, message: ConfirmationMessage): Promise<{ handedOff: boolean }> {
-  ctx.log.info({ subscriberId: message.subscriberId }, 'confirmation email built; no send pipeline is wired yet');
-  return { handedOff: false };
+async function confirmationFrom(ctx: JobContext, organizationId: string, organizationName: string): Promise<string> {
+  const [sender] = (await ctx.em.execute('select email from senders where organization_id = ? order by created_at, id limit 1', [organizationId])) as Array<{
+    email: string;
+  }>;
+  const host = new URL(ctx.services.config.publicUrl).hostname;
+  const address = sender?.email ?? `no-reply@${host.includes('.') ? host : `${host}.localdomain`}`;
+  // A display name is a quoted string: drop what would need escaping rather than escape it.
+  const name = organizationName.replace(/["\\\r\n]/g, '').trim();
+  return name ? `"${name}" <${address}>` : address;
+}
+
+/**
+ * The one place where the confirmation email leaves the audience module: it goes through
+ * the transactional pipeline like any other email. The idempotency key is the subscriber,
+ * so a retried job answers the email already created instead of sending a second one.
+ */
+export async function handOffConfirmationEmail(
+  ctx: JobContext,
+  message: ConfirmationMessage & { from: string },
+): Promise<{ handedOff: boolean; emailId: string }> {
+  const input = {
+    organizationId: message.organizationId,
+    source: 'api' as const,
+    subscriberId: message.subscriberId,
+    from: message.from,
+    to: message.to,
+    subject: message.subject,
+    contentKind: 'markdown' as const,
+    content: message.markdown,
+    tags: [{ name: 'category', value: 'double_opt_in' }],
+  };
+  const key = `confirm-${message.subscriberId}`;
+  const created = await createEmails(ctx.em, { producer: ctx.services.producer, logger: ctx.log }, [input], {
+    idempotency: { key, requestHash: requestHash('subscribers/confirmation', input) },
+  });
+  return { handedOff: true, emailId: created.ids[0]! };
 }
 
 export const subscribersProcessor = defineProcessor({
@@ -46,8 +77,9 @@ export const subscribersProcessor = defineProcessor({
         to: subscriber.email,
         ...email,
       };
-      const { handedOff } = await handOffConfirmationEmail(ctx, message);
-      return { skipped: false, handedOff, message };
+      const from = await confirmationFrom(ctx, subscriber.organization_id, subscriber.organization_name);
+      const { handedOff, emailId } = await handOffConfirmationEmail(ctx, { ...message, from });
+      return { skipped: false, handedOff, emailId, message };
     },
   },
 });

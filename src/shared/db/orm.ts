@@ -39,6 +39,14 @@ export function ormOptions(options: OrmOptions): Options {
     driverOptions: {
       connection: { connectionTimeoutMillis: CONNECT_TIMEOUT_MS, application_name: 'mailroom' },
       acquireConnectionTimeout: ACQUIRE_TIMEOUT_MS,
+      // knex writes its own warnings (e.g. a pooled connection dropped by the server) with
+      // console.log; route them into pino so every line of the process stays structured.
+      log: {
+        warn: (message: unknown) => options.logger?.warn({ orm: true }, String(message)),
+        error: (message: unknown) => options.logger?.error({ orm: true }, String(message)),
+        deprecate: (message: unknown) => options.logger?.debug({ orm: true }, String(message)),
+        debug: (message: unknown) => options.logger?.debug({ orm: true }, String(message)),
+      },
     },
     discovery: { warnWhenNoEntities: false },
     debug: false,

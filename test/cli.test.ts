@@ -1,0 +1,132 @@
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Organization } from '../src/shared/db/entities/index.js';
+import { bearer, createTestContext, type TestContext } from './helpers/context.js';
+import { databaseUrl, dropDatabase } from './helpers/database.js';
+import { ROOT, runCli } from './helpers/process.js';
+
+let ctx: TestContext;
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+});
+afterAll(async () => ctx?.close());
+
+const cli = (...args: string[]) => runCli(args, ctx.env.env);
+
+async function organization(id: string): Promise<Organization | null> {
+  return ctx.services.orm.em.fork().findOne(Organization, { id });
+}
+
+describe('org create (contract 1)', () => {
+  it('`npm run --silent cli -- org create --name Acme --json` prints exactly the contract\'s JSON, and the token works', async () => {
+    const child = spawn('npm', ['run', '--silent', 'cli', '--', 'org', 'create', '--name', 'Acme', '--json'], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+    const code = await new Promise((resolve) => child.on('exit', resolve));
+    expect(code).toBe(0);
+
+    // One line, one object, keys in the contract's order.
+    expect(stdout.endsWith('\n')).toBe(true);
+    expect(stdout.trimEnd().split('\n')).toHaveLength(1);
+    const printed = JSON.parse(stdout);
+    expect(printed).toEqual({
+      organization: { id: expect.stringMatching(/^org_[0-9a-z]{26}$/), name: 'Acme' },
+      token: { id: expect.stringMatching(/^tok_[0-9a-z]{26}$/), token: expect.stringMatching(/^svc_[0-9a-f]{64}$/), permissions: ['*'] },
+    });
+    expect(stdout).toBe(
+      `{"organization":{"id":"${printed.organization.id}","name":"Acme"},` +
+        `"token":{"id":"${printed.token.id}","token":"${printed.token.token}","permissions":["*"]}}\n`,
+    );
+
+    const res = await ctx.app.inject({ url: '/api/v2/tokens', headers: bearer(printed.token.token) });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toMatchObject({ object: 'list', has_more: false, data: [{ id: printed.token.id, permissions: ['*'], last4: printed.token.token.slice(-4) }] });
+    const minted = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(printed.token.token), payload: { name: 'ci', preset: 'app' } });
+    expect(minted.statusCode).toBe(200);
+  });
+
+  it('takes --double-opt-in and --verify-quota, and prints the token without --json', async () => {
+    const { code, stdout } = await cli('org', 'create', '--name', 'Initech', '--double-opt-in', '--verify-quota', '250');
+    expect(code).toBe(0);
+    const secret = /svc_[0-9a-f]{64}/.exec(stdout)?.[0];
+    const id = /org_[0-9a-z]{26}/.exec(stdout)?.[0];
+    expect(secret).toBeDefined();
+    expect(await organization(id!)).toMatchObject({ name: 'Initech', doubleOptIn: true, verifyQuota: 250, trackOpens: true, trackClicks: true });
+    expect((await ctx.app.inject({ url: '/api/v2/tokens', headers: bearer(secret!) })).statusCode).toBe(200);
+  });
+
+  it('defaults the quota to VERIFY_MONTHLY_QUOTA and double opt-in to off', async () => {
+    const { stdout } = await runCli(['org', 'create', '--name', 'Umbrella', '--json'], { ...ctx.env.env, VERIFY_MONTHLY_QUOTA: '42' });
+    const org = await organization(JSON.parse(stdout).organization.id);
+    expect(org).toMatchObject({ doubleOptIn: false, verifyQuota: 42 });
+  });
+});
+
+describe('org update (contract 1)', () => {
+  it('changes the flags given and leaves the others', async () => {
+    const id = JSON.parse((await cli('org', 'create', '--name', 'Hooli', '--json')).stdout).organization.id;
+    const first = await cli('org', 'update', id, '--double-opt-in', 'on', '--verify-quota', '7', '--track-opens', 'off', '--json');
+    expect(first.code).toBe(0);
+    expect(JSON.parse(first.stdout)).toEqual({ id, name: 'Hooli', doubleOptIn: true, verifyQuota: 7, trackOpens: false, trackClicks: true });
+
+    const second = await cli('org', 'update', id, '--track-clicks', 'off', '--double-opt-in', 'off', '--name', 'Hooli XYZ');
+    expect(second.code).toBe(0);
+    expect(second.stdout).toContain(id);
+    expect(await organization(id)).toMatchObject({ name: 'Hooli XYZ', doubleOptIn: false, verifyQuota: 7, trackOpens: false, trackClicks: false });
+  });
+
+  it('exits 1 naming an unknown organization', async () => {
+    const { code, stderr } = await cli('org', 'update', 'org_00000000000000000000000000', '--track-opens', 'on');
+    expect(code).toBe(1);
+    expect(stderr).toContain('org_00000000000000000000000000');
+  });
+});
+
+describe('bad usage exits non-zero with a message', () => {
+  it.for([
+    [['org', 'create'], '--name'],
+    [['org', 'create', '--name', 'A', '--verify-quota', 'lots'], '--verify-quota'],
+    [['org', 'create', '--name', 'A', '--colour', 'red'], '--colour'],
+    [['org', 'update'], 'organization id'],
+    [['org', 'update', 'org_x', '--track-opens', 'maybe'], '--track-opens'],
+    [['org', 'delete', 'org_x'], 'unknown command'],
+  ] as const)('%s', async ([args, mention]) => {
+    const { code, stdout, stderr } = await cli(...args);
+    expect(code).toBe(2);
+    expect(stderr).toContain(mention);
+    expect(stderr).toContain('Usage:');
+    expect(stdout).toBe('');
+  });
+
+  it('prints the usage with no command', async () => {
+    const { code, stdout } = await cli();
+    expect(code).toBe(0);
+    expect(stdout).toContain('org create --name NAME');
+  });
+});
+
+describe('migrate', () => {
+  it('creates a missing database, applies the migrations once, then says it is up to date', async () => {
+    const name = `mailroom_test_cli_${randomBytes(4).toString('hex')}`;
+    const env = { ...ctx.env.env, DATABASE_URL: databaseUrl(name) };
+    try {
+      const first = await runCli(['migrate'], env);
+      expect(first.code).toBe(0);
+      expect(first.stderr).toContain('created the database');
+      expect(first.stderr).toMatch(/applied .*Foundation/);
+      const again = await runCli(['migrate'], env);
+      expect(again.code).toBe(0);
+      expect(again.stderr).toContain('database is up to date');
+      const org = await runCli(['org', 'create', '--name', 'Fresh', '--json'], env);
+      expect(org.code).toBe(0);
+    } finally {
+      await dropDatabase(name);
+    }
+  });
+});

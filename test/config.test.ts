@@ -1,0 +1,194 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, DEVELOPMENT_SECRET_KEY, loadConfig } from '../src/shared/config.js';
+import { runService } from './helpers/process.js';
+
+function problems(env: Record<string, string>): string[] {
+  try {
+    loadConfig(env);
+  } catch (error) {
+    expect(error).toBeInstanceOf(ConfigError);
+    return (error as ConfigError).problems;
+  }
+  throw new Error(`accepted ${JSON.stringify(env)}`);
+}
+
+describe('loadConfig defaults (contract 2)', () => {
+  it('runs with no environment at all', () => {
+    const config = loadConfig({});
+    expect(config).toMatchObject({
+      nodeEnv: 'development',
+      databaseUrl: 'postgres://postgres@127.0.0.1:5432/mailroom',
+      redisUrl: 'redis://127.0.0.1:6379',
+      redisPrefix: 'mailroom',
+      host: '127.0.0.1',
+      port: 3000,
+      publicUrl: 'http://localhost:3000',
+      secretKey: DEVELOPMENT_SECRET_KEY,
+      usingDevelopmentSecret: true,
+      mail: { transport: 'file', outboxDir: './data/outbox' },
+      verifyMonthlyQuota: 1000,
+      rateLimitPerSecond: 50,
+      allowUnverifiedDomains: true,
+      logLevel: 'info',
+    });
+    // Unset means: system resolver, unlimited, all queues, no metrics, no webhook, no dashboard.
+    expect(config.mail.smtpUrl).toBeUndefined();
+    expect(config.mail.ratePerSecond).toBeUndefined();
+    expect(config.dnsServers).toBeUndefined();
+    expect(config.workerQueues).toBeUndefined();
+    expect(config.workerMetricsPort).toBeUndefined();
+    expect(config.providerWebhookSecret).toBeUndefined();
+    expect(config.adminPassword).toBeUndefined();
+  });
+
+  it('treats an empty variable as unset', () => {
+    expect(loadConfig({ PORT: '', SECRET_KEY: '', WORKER_QUEUES: '' })).toMatchObject({ port: 3000, usingDevelopmentSecret: true });
+  });
+
+  it('reads every variable', () => {
+    const config = loadConfig({
+      NODE_ENV: 'production',
+      DATABASE_URL: 'postgresql://u:p@db:5433/mail',
+      REDIS_URL: 'rediss://:pw@cache:6380/2',
+      REDIS_PREFIX: 'mr-prod_1',
+      HOST: '0.0.0.0',
+      PORT: '8080',
+      PUBLIC_URL: 'https://mail.example.com/',
+      SECRET_KEY: 'k'.repeat(32),
+      MAIL_TRANSPORT: 'smtp',
+      MAIL_OUTBOX_DIR: '/var/outbox',
+      SMTP_URL: 'smtp://user:pass@relay:587',
+      DNS_SERVERS: '1.1.1.1, 127.0.0.1:5353,[::1]:53',
+      VERIFY_MONTHLY_QUOTA: '0',
+      RATE_LIMIT_PER_SECOND: '200',
+      MAIL_RATE_PER_SECOND: '14',
+      WORKER_QUEUES: 'maintenance, emails',
+      WORKER_METRICS_PORT: '9100',
+      PROVIDER_WEBHOOK_SECRET: 'whsec',
+      ADMIN_PASSWORD: 'admin-pw',
+      ALLOW_UNVERIFIED_DOMAINS: 'yes',
+      LOG_LEVEL: 'warn',
+    });
+    expect(config).toEqual({
+      nodeEnv: 'production',
+      databaseUrl: 'postgresql://u:p@db:5433/mail',
+      redisUrl: 'rediss://:pw@cache:6380/2',
+      redisPrefix: 'mr-prod_1',
+      host: '0.0.0.0',
+      port: 8080,
+      publicUrl: 'https://mail.example.com',
+      secretKey: 'k'.repeat(32),
+      usingDevelopmentSecret: false,
+      mail: { transport: 'smtp', outboxDir: '/var/outbox', smtpUrl: 'smtp://user:pass@relay:587', ratePerSecond: 14 },
+      dnsServers: ['1.1.1.1', '127.0.0.1:5353', '[::1]:53'],
+      verifyMonthlyQuota: 0,
+      rateLimitPerSecond: 200,
+      workerQueues: ['maintenance', 'emails'],
+      workerMetricsPort: 9100,
+      providerWebhookSecret: 'whsec',
+      adminPassword: 'admin-pw',
+      allowUnverifiedDomains: true,
+      logLevel: 'warn',
+    });
+  });
+
+  it('reads WORKER_QUEUES=all as every queue', () => {
+    expect(loadConfig({ WORKER_QUEUES: 'all' }).workerQueues).toBeUndefined();
+  });
+
+  it('refuses unverified domains by default in production only', () => {
+    const secret = { SECRET_KEY: 's'.repeat(40) };
+    expect(loadConfig({ ...secret, NODE_ENV: 'production' }).allowUnverifiedDomains).toBe(false);
+    expect(loadConfig({ ...secret, NODE_ENV: 'test' }).allowUnverifiedDomains).toBe(true);
+    expect(loadConfig({ ...secret, NODE_ENV: 'production', ALLOW_UNVERIFIED_DOMAINS: 'true' }).allowUnverifiedDomains).toBe(true);
+    expect(loadConfig({ ALLOW_UNVERIFIED_DOMAINS: 'off' }).allowUnverifiedDomains).toBe(false);
+  });
+});
+
+describe('SECRET_KEY', () => {
+  it('is required when NODE_ENV=production', () => {
+    const found = problems({ NODE_ENV: 'production' });
+    expect(found).toHaveLength(1);
+    expect(found[0]).toMatch(/^SECRET_KEY: .*production/);
+  });
+
+  it('uses the development key, flagged, outside production', () => {
+    for (const NODE_ENV of ['development', 'test']) {
+      const config = loadConfig({ NODE_ENV });
+      expect(config.secretKey).toBe(DEVELOPMENT_SECRET_KEY);
+      expect(config.usingDevelopmentSecret).toBe(true);
+    }
+  });
+
+  it('must be at least 32 characters', () => {
+    expect(problems({ SECRET_KEY: 'short' })[0]).toMatch(/^SECRET_KEY: /);
+    expect(loadConfig({ NODE_ENV: 'production', SECRET_KEY: 'x'.repeat(32) }).usingDevelopmentSecret).toBe(false);
+  });
+});
+
+describe('an invalid variable is named', () => {
+  it.each([
+    ['NODE_ENV', 'staging'],
+    ['DATABASE_URL', 'mysql://localhost/mailroom'],
+    ['REDIS_URL', 'localhost:6379'],
+    ['REDIS_PREFIX', 'has:colon'],
+    ['REDIS_PREFIX', 'x'.repeat(65)],
+    ['PORT', 'abc'],
+    ['PORT', '70000'],
+    ['PORT', '-1'],
+    ['PORT', '80.5'],
+    ['PUBLIC_URL', 'not a url'],
+    ['PUBLIC_URL', 'ftp://example.com'],
+    ['SECRET_KEY', 'too-short'],
+    ['MAIL_TRANSPORT', 'sendmail'],
+    ['SMTP_URL', 'http://relay:25'],
+    ['DNS_SERVERS', '1.1.1.1,not a server'],
+    ['VERIFY_MONTHLY_QUOTA', '-5'],
+    ['VERIFY_MONTHLY_QUOTA', 'many'],
+    ['RATE_LIMIT_PER_SECOND', '0'],
+    ['RATE_LIMIT_PER_SECOND', 'fast'],
+    ['MAIL_RATE_PER_SECOND', '0'],
+    ['MAIL_RATE_PER_SECOND', '2.5'],
+    ['WORKER_METRICS_PORT', '123456'],
+    ['ALLOW_UNVERIFIED_DOMAINS', 'maybe'],
+    ['LOG_LEVEL', 'loud'],
+  ])('%s=%s', (variable, value) => {
+    const found = problems({ [variable]: value });
+    expect(found).toHaveLength(1);
+    expect(found[0].startsWith(`${variable}: `)).toBe(true);
+  });
+
+  it('requires SMTP_URL with MAIL_TRANSPORT=smtp', () => {
+    expect(problems({ MAIL_TRANSPORT: 'smtp' })).toEqual([expect.stringMatching(/^SMTP_URL: .*MAIL_TRANSPORT=smtp/)]);
+  });
+
+  it('names every invalid variable at once', () => {
+    const error = (() => {
+      try {
+        loadConfig({ PORT: 'abc', LOG_LEVEL: 'loud', REDIS_URL: 'nope' });
+      } catch (e) {
+        return e as ConfigError;
+      }
+      throw new Error('accepted');
+    })();
+    expect(error.problems.map((p) => p.split(':')[0]).sort()).toEqual(['LOG_LEVEL', 'PORT', 'REDIS_URL']);
+    expect(error.message).toMatch(/PORT/);
+    expect(error.message).toMatch(/LOG_LEVEL/);
+  });
+});
+
+describe('start-up stops on an invalid variable', () => {
+  it.concurrent.for([
+    ['the API (npm run start:api)', 'src/api/server.ts', { PORT: 'abc' }, 'PORT'],
+    ['the workers (npm run start:worker)', 'src/workers/main.ts', { NODE_ENV: 'production' }, 'SECRET_KEY'],
+    ['npm start', 'src/main.ts', { LOG_LEVEL: 'loud' }, 'LOG_LEVEL'],
+    ['the CLI', 'src/cli/main.ts', { REDIS_URL: 'nope' }, 'REDIS_URL'],
+  ] as const)('%s exits 1 naming the variable', async ([, entry, env, variable], { expect }) => {
+    // Nothing else is set: the process must stop before it connects to anything.
+    const proc = runService(entry, entry.includes('cli') ? ['migrate'] : [], env);
+    expect(await proc.exited).toBe(1);
+    expect(proc.stderr()).toContain(variable);
+    expect(proc.stderr()).toContain('Invalid configuration');
+    expect(proc.stderr()).not.toMatch(/\n\s+at /); // a message, not a stack trace
+  });
+});
