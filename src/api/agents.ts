@@ -1,5 +1,5 @@
 import type { Services } from '../shared/container.js';
-import type { TokenCache } from './plugins/auth.js';
+import type { RateLimiter, TokenCache } from './plugins/auth.js';
 import { callerHook } from './tools/caller-hook.js';
 import { mcpRoutes } from './tools/mcp.js';
 import { toolCatalogRoutes, toolRunRoutes } from './tools/routes.js';
@@ -11,28 +11,28 @@ import { v1Routes } from './v1/routes.js';
  * server and the frozen v1 interface. All of them answer by dispatching v2 requests, so they
  * authenticate here but leave permission, rate limit and quota to the endpoint.
  */
-export async function registerAgentInterfaces(app: App, services: Services, tokenCache: TokenCache): Promise<void> {
+export async function registerAgentInterfaces(app: App, services: Services, tokenCache: TokenCache, rateLimiter: RateLimiter): Promise<void> {
   await app.register(
     async (scope) => {
-      scope.addHook('onRequest', callerHook(services, tokenCache, { counted: true }));
+      scope.addHook('onRequest', callerHook(services, tokenCache, rateLimiter, { counted: true }));
       await scope.register(toolCatalogRoutes);
     },
     { prefix: '/api/v2' },
   );
   await app.register(
     async (scope) => {
-      scope.addHook('onRequest', callerHook(services, tokenCache, { counted: false }));
+      scope.addHook('onRequest', callerHook(services, tokenCache, rateLimiter, { counted: false }));
       await scope.register(toolRunRoutes);
     },
     { prefix: '/api/v2' },
   );
   await app.register(async (scope) => {
-    scope.addHook('onRequest', callerHook(services, tokenCache, { counted: false }));
+    scope.addHook('onRequest', callerHook(services, tokenCache, rateLimiter, { counted: false }));
     await scope.register(mcpRoutes);
   });
   await app.register(
     async (scope) => {
-      scope.addHook('onRequest', callerHook(services, tokenCache, { counted: false }));
+      scope.addHook('onRequest', callerHook(services, tokenCache, rateLimiter, { counted: false }));
       await scope.register(v1Routes);
     },
     { prefix: '/api/v1' },

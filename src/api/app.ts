@@ -92,7 +92,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     },
     { prefix: '/api/v2' },
   );
-  await registerAgentInterfaces(app, services, tokenCache);
+  await registerAgentInterfaces(app, services, tokenCache, rateLimiter);
 
   return app as unknown as App;
 }
