@@ -48,6 +48,8 @@ try {
   console.log(`single sends: ${fmt(singleRate)} /s (target >= 3,000), p50 ${single.latency.p50} ms, p99 ${single.latency.p99} ms (target <= 25 ms)`);
   console.log(`ratio to GET /healthz (${fmt(healthRate)} /s): ${fmt(singleRate / healthRate, 2)}`);
   console.log(`batch: ${fmt(batchRate)} emails/s with 100 a call (target >= 20,000), p99 ${batch.latency.p99} ms`);
+  const [load] = (await import('node:fs')).readFileSync('/proc/loadavg', 'utf8').split(' ');
+  console.log(`load average at the end: ${load} (2 cores)`);
   const [row] = await bench.services.orm.em.fork().execute<{ n: string }[]>('select count(*) as n from emails');
   const waiting = await bench.services.producer.queue('emails').getWaitingCount();
   console.log(`rows written: ${fmt(Number(row!.n))}, jobs waiting: ${fmt(waiting)}`);

@@ -147,6 +147,27 @@ describe('Idempotency-Key (contract 9)', () => {
     expect(await count()).toBe(rows + 1);
   });
 
+  it('answers 409 while a request with the same key is still running', async () => {
+    const { createEmails, requestHash } = await import('../src/shared/emails/service.js');
+    const { default: pg } = await import('pg');
+    const [org] = await ctx.services.orm.em.fork().execute<{ id: string }[]>('select id from organizations limit 1');
+    const hash = requestHash('POST /emails', base);
+    // The first request: its key row inserted, its transaction not committed yet.
+    const first = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
+    await first.connect();
+    try {
+      await first.query('begin');
+      await first.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, 'slow', $2, '{}')`, [org!.id, hash]);
+      const input = { organizationId: org!.id, from: base.from, to: base.to, subject: base.subject, contentKind: 'html' as const, content: base.html };
+      await expect(
+        createEmails(ctx.services.orm.em.fork(), { producer: ctx.services.producer }, [input], { idempotency: { key: 'slow', requestHash: hash, waitMs: 200 } }),
+      ).rejects.toMatchObject({ statusCode: 409, errorName: 'idempotency_conflict' });
+    } finally {
+      await first.query('rollback');
+      await first.end();
+    }
+  });
+
   it('keeps keys per organization', async () => {
     const other = await createOrg(ctx.services, { name: 'Other' });
     const a = await send(base, { 'idempotency-key': 'shared' });

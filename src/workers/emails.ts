@@ -18,7 +18,7 @@ export interface EmailProcessorOptions {
 // The hand-over of one message takes seconds at worst (socket timeout 60 s); a claim older
 // than ten minutes can only belong to a worker that died.
 const DEFAULTS: Required<EmailProcessorOptions> = {
-  concurrency: 32,
+  concurrency: 100,
   reconcileEveryMs: 60_000,
   reconcileGraceMs: 60_000,
   sendLeaseMs: 10 * 60_000,

@@ -61,12 +61,11 @@ export class DeliveryStore {
       // The same id twice in one statement would be claimed once but returned to both
       // callers: only its first caller gets the row.
       const unique = [...new Set(ids)];
-      const rows = await this.orm.em.fork().execute<ClaimedRow[]>(
+      const rows = await this.query<ClaimedRow>(
         `update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
          where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'
          returning id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
         [JSON.stringify(unique)],
-        'all',
       );
       const byId = new Map(rows.map((r) => [r.id, r]));
       return ids.map((id) => {
@@ -76,17 +75,25 @@ export class DeliveryStore {
       });
     });
     this.sent = new Coalescer<SentRecord, void>(async (records) => {
-      await this.orm.em.fork().execute(
+      await this.query(
         `update emails e set status = 'sent',
            delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
            message_id = v.message_id, html = v.html, text = v.text, sent_at = now(), failure_reason = null, updated_at = now()
          from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, delivered boolean)
          where e.id = v.id and e.status = 'sending'`,
         [JSON.stringify(records)],
-        'run',
       );
       return records.map(() => undefined);
     });
+  }
+
+  /**
+   * A statement with bound parameters: the rendered bodies travel as a parameter instead of
+   * being escaped into the SQL text character by character (MikroORM's `execute` inlines).
+   */
+  private async query<T>(sql: string, params: unknown[]): Promise<T[]> {
+    const result = (await this.orm.em.fork().getConnection().getKnex().raw(sql, params as never[])) as { rows: T[] };
+    return result.rows;
   }
 
   /** queued -> sending; undefined when the row is not queued (already claimed, sent or failed). */

@@ -122,6 +122,8 @@ export interface Idempotency {
   key: string;
   /** SHA-256 of the request (route and validated body). */
   requestHash: string;
+  /** How long to wait for an earlier request with the key to finish before 409 (ms). */
+  waitMs?: number;
 }
 
 export interface CreateEmailsDeps {
@@ -136,7 +138,7 @@ export interface CreatedEmails {
 }
 
 // How long a request waits for an earlier one with the same key to finish before 409.
-const IDEMPOTENCY_WAIT = '5s';
+const IDEMPOTENCY_WAIT_MS = 5_000;
 export const IDEMPOTENCY_TTL_HOURS = 24;
 
 /**
@@ -194,7 +196,7 @@ async function createIdempotent(em: EntityManager, inputs: NewEmail[], idem: Ide
   const organizationId = inputs[0]!.organizationId;
   try {
     return await em.transactional(async (tx) => {
-      await tx.execute(`set local lock_timeout = '${IDEMPOTENCY_WAIT}'`, [], 'run');
+      await tx.execute(`set local lock_timeout = ${Math.max(1, Math.round(idem.waitMs ?? IDEMPOTENCY_WAIT_MS))}`, [], 'run');
       const ids = inputs.map(() => newId('eml'));
       // Inserts the key, or takes over an expired one. A concurrent insert of the same key
       // waits here until the first transaction ends (then conflicts and updates nothing).
