@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { McpClients, runBoth, runOverHttp } from './helpers/agents.js';
+import { McpClients, runBoth, runOverHttp, runOverMcp } from './helpers/agents.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { VERIFICATION_ZONE } from './helpers/verification-fixtures.js';
