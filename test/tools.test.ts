@@ -410,3 +410,33 @@ describe('campaign tools (list_campaigns, get_campaign, schedule_campaign)', () 
     }
   });
 });
+
+describe('rate limit of the outer layers', () => {
+  it('counts one tool call or one v1 call as one request: the one its endpoint counts', async () => {
+    const limited = await createTestContext({ RATE_LIMIT_PER_SECOND: '4' });
+    try {
+      const { token: own } = await createOrg(limited.services);
+      const call = (i: number) =>
+        i % 2 === 0
+          ? limited.app.inject({ method: 'POST', url: '/api/v2/tools/list_domains', headers: bearer(own), payload: { arguments: {} } })
+          : limited.app.inject({ method: 'GET', url: '/api/v1/tags', headers: bearer(own) });
+      // Four calls, then two more, within one second; start just after a second begins, and
+      // try again should the machine be slow enough to cross into the next one.
+      for (let attempt = 0; attempt < 3; attempt += 1) {
+        await new Promise((resolve) => setTimeout(resolve, 1000 - (Date.now() % 1000) + 5));
+        const second = Math.floor(Date.now() / 1000);
+        const answers = [];
+        for (let i = 0; i < 6; i += 1) answers.push(await call(i));
+        if (Math.floor(Date.now() / 1000) !== second) continue;
+        expect(answers.map((res) => res.statusCode)).toEqual([200, 200, 200, 200, 429, 429]);
+        const refused = answers[4]!;
+        expect(refused.headers['retry-after']).toBeDefined();
+        expect(refused.json()).toMatchObject({ name: 'rate_limit_exceeded' });
+        return;
+      }
+      throw new Error('could not fit five calls in one second');
+    } finally {
+      await limited.close();
+    }
+  });
+});

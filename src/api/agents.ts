@@ -28,7 +28,7 @@ export async function registerAgentInterfaces(app: App, services: Services, toke
   );
   await app.register(async (scope) => {
     scope.addHook('onRequest', callerHook(services, tokenCache, rateLimiter, { counted: false }));
-    await scope.register(mcpRoutes);
+    await scope.register(mcpRoutes(rateLimiter));
   });
   await app.register(
     async (scope) => {

@@ -1,7 +1,8 @@
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { CallToolRequestSchema, ListToolsRequestSchema, type CallToolResult, type Tool as McpTool } from '@modelcontextprotocol/sdk/types.js';
-import type { FastifyRequest } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { rateLimit, type RateLimiter } from '../plugins/auth.js';
 import { errorBody } from '../plugins/errors.js';
 import type { App } from '../types.js';
 import { tools, type Tool } from './catalog.js';
@@ -49,23 +50,36 @@ function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
-/** `/mcp`: the tool catalog over MCP Streamable HTTP, stateless (no session id). */
-export async function mcpRoutes(app: App): Promise<void> {
-  app.post('/mcp', { schema: { hide: true } }, async (request, reply) => {
-    const server = serverFor(app, request);
-    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-    reply.hijack();
-    reply.raw.on('close', () => {
-      void transport.close();
-      void server.close();
-    });
-    await server.connect(transport);
-    await transport.handleRequest(request.raw, reply.raw, request.body);
-  });
+/** A JSON-RPC message (or batch) that only runs tools: those are counted by their endpoint. */
+function onlyToolCalls(body: unknown): boolean {
+  const messages = Array.isArray(body) ? body : [body];
+  return messages.length > 0 && messages.every((m) => isObject(m) && m.method === 'tools/call');
+}
 
-  // Stateless: no server-initiated stream to GET, no session to DELETE.
-  const notAllowed = async (_request: FastifyRequest, reply: import('fastify').FastifyReply) =>
-    reply.code(405).header('allow', 'POST').send(errorBody(405, 'method_not_allowed', 'This MCP endpoint is stateless: use POST'));
-  app.get('/mcp', { schema: { hide: true } }, notAllowed);
-  app.delete('/mcp', { schema: { hide: true } }, notAllowed);
+/**
+ * `/mcp`: the tool catalog over MCP Streamable HTTP, stateless (no session id).
+ * A `tools/call` is counted against the rate limit by the endpoint it dispatches to; any
+ * other message (initialize, tools/list, ...) is counted here, once.
+ */
+export function mcpRoutes(limiter: RateLimiter) {
+  return async (app: App): Promise<void> => {
+    app.post('/mcp', { schema: { hide: true } }, async (request, reply) => {
+      if (!onlyToolCalls(request.body)) await rateLimit(limiter, request.caller, reply);
+      const server = serverFor(app, request);
+      const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+      reply.hijack();
+      reply.raw.on('close', () => {
+        void transport.close();
+        void server.close();
+      });
+      await server.connect(transport);
+      await transport.handleRequest(request.raw, reply.raw, request.body);
+    });
+
+    // Stateless: no server-initiated stream to GET, no session to DELETE.
+    const notAllowed = async (_request: FastifyRequest, reply: FastifyReply) =>
+      reply.code(405).header('allow', 'POST').send(errorBody(405, 'method_not_allowed', 'This MCP endpoint is stateless: use POST'));
+    app.get('/mcp', { schema: { hide: true } }, notAllowed);
+    app.delete('/mcp', { schema: { hide: true } }, notAllowed);
+  };
 }
