@@ -68,6 +68,7 @@ describe('loadConfig defaults (contract 2)', () => {
       ADMIN_PASSWORD: 'admin-pw',
       ALLOW_UNVERIFIED_DOMAINS: 'yes',
       LOG_LEVEL: 'warn',
+      VERIFY_BLOCKED_DOMAINS: 'spam.example, Junk.Example',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -82,6 +83,7 @@ describe('loadConfig defaults (contract 2)', () => {
       mail: { transport: 'smtp', outboxDir: '/var/outbox', smtpUrl: 'smtp://user:pass@relay:587', ratePerSecond: 14 },
       dnsServers: ['1.1.1.1', '127.0.0.1:5353', '[::1]:53'],
       verifyMonthlyQuota: 0,
+      verifyBlockedDomains: ['spam.example', 'junk.example'],
       rateLimitPerSecond: 200,
       workerQueues: ['maintenance', 'emails'],
       workerMetricsPort: 9100,

@@ -1,6 +1,7 @@
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
-import Fastify, { LogController, type FastifyBaseLogger } from 'fastify';
+import type { EntityManager } from '@mikro-orm/postgresql';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } from 'fastify';
 import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
@@ -41,9 +42,20 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   app.removeContentTypeParser(['text/plain']);
   app.decorate('services', services);
   app.decorateRequest('caller', null as never);
-  app.decorateRequest('em', null as never);
+  // A fork per request, made on first use: /healthz, the public pixels and the requests
+  // refused before their handler never pay for one.
+  const forks = new WeakMap<object, EntityManager>();
+  app.decorateRequest('em', {
+    getter(this: FastifyRequest) {
+      let em = forks.get(this);
+      if (!em) {
+        em = services.orm.em.fork();
+        forks.set(this, em);
+      }
+      return em;
+    },
+  });
   app.addHook('onRequest', async (request, reply) => {
-    request.em = services.orm.em.fork();
     void reply.header('x-request-id', request.id);
   });
   registerErrorHandling(app);

@@ -3,6 +3,7 @@ import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
 import { createDns, type DnsService } from './dns/resolver.js';
+import { dkimOptionsFor } from './domains/dkim.js';
 import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
@@ -39,18 +40,22 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   // wait the first requests after start-up, and /readyz, would answer 503.
   if (!(await settleConnection(redis))) logger.warn('Redis is not reachable yet: requests that need it answer 503 until it is');
   const producer = new QueueProducer(redis, config.redisPrefix);
+  const box = new SecretBox(config.secretKey);
   return {
     config,
     logger,
     orm,
     redis,
     producer,
-    box: new SecretBox(config.secretKey),
+    box,
     signer: new LinkSigner(config.secretKey),
     clock: () => new Date(),
     dns: await createDns(redis, config, { logger }),
     metrics: createMetrics({ producer, orm, logger }),
-    mailer: createMailTransport(config.mail),
+    mailer: createMailTransport(config.mail, {
+      // Mail from a domain of the organization is signed with that domain's key (contract 11).
+      dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
+    }),
   };
 }
 

@@ -14,6 +14,8 @@ export interface SinkReply {
 export interface SmtpSink {
   url: string;
   messages: ParsedMail[];
+  /** The raw RFC 5322 bytes of each parsed message, in the same order (DKIM checks). */
+  raw: Buffer[];
   /** Raw count, cheaper than parsing (benchmarks). */
   accepted: number;
   answer?: (recipient: string) => SinkReply | undefined;
@@ -25,6 +27,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
   const sink: SmtpSink = {
     url: '',
     messages: [],
+    raw: [],
     accepted: 0,
     close: async () => {},
   };
@@ -51,9 +54,16 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
         });
         return;
       }
-      simpleParser(stream).then(
-        (mail) => {
+      const chunks: Buffer[] = [];
+      stream.on('data', (chunk: Buffer) => chunks.push(chunk));
+      const whole = new Promise<Buffer>((resolve, reject) => {
+        stream.on('end', () => resolve(Buffer.concat(chunks)));
+        stream.on('error', reject);
+      });
+      whole.then((raw) => simpleParser(raw).then((mail) => ({ raw, mail }))).then(
+        ({ raw, mail }) => {
           sink.messages.push(mail);
+          sink.raw.push(raw);
           sink.accepted++;
           callback();
         },

@@ -26,6 +26,7 @@ export type DeliverOutcome =
 
 interface ClaimedRow {
   id: string;
+  organization_id: string;
   from_address: string;
   to_address: string;
   cc: string[] | null;
@@ -64,7 +65,7 @@ export class DeliveryStore {
       const rows = await this.query<ClaimedRow>(
         `update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
          where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'
-         returning id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
+         returning id, organization_id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
         [JSON.stringify(unique)],
       );
       const byId = new Map(rows.map((r) => [r.id, r]));
@@ -151,6 +152,7 @@ export async function deliverEmail(
   try {
     ({ delivered } = await transport.send({
       id: row.id,
+      organizationId: row.organization_id,
       from: row.from_address,
       to: row.to_address,
       cc: row.cc,

@@ -10,6 +10,8 @@ import type { Config } from '../config.js';
 export interface OutgoingMessage {
   /** The email id: names the .eml file of the file transport. */
   id: string;
+  /** Whose domain key signs it (sending domains belong to an organization). */
+  organizationId: string;
   from: string;
   to: string;
   cc?: string[] | null;
@@ -32,10 +34,11 @@ export interface SendResult {
 }
 
 /**
- * Where a DKIM signer plugs in (contract 11): given the From domain, the key to sign with,
- * or undefined to send unsigned. The domains module provides one; none is set by default.
+ * Where a DKIM signer plugs in (contract 11): given the From domain and the organization,
+ * the key to sign with, or undefined to send unsigned. The domains module provides it
+ * (src/shared/container.ts).
  */
-export type DkimResolver = (fromDomain: string) => Promise<DKIM.SingleKeyOptions | undefined>;
+export type DkimResolver = (fromDomain: string, organizationId: string) => Promise<DKIM.SingleKeyOptions | undefined>;
 
 export interface MailTransport {
   readonly kind: 'file' | 'smtp';
@@ -82,7 +85,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
   let dkim = options.dkim;
   const withDkim = async (message: OutgoingMessage): Promise<SendMailOptions> => {
     const mail = mailOptions(message);
-    const key = dkim ? await dkim(message.fromDomain) : undefined;
+    const key = dkim ? await dkim(message.fromDomain, message.organizationId) : undefined;
     if (key) mail.dkim = key;
     return mail;
   };
