@@ -127,6 +127,14 @@ describe('list_domains', () => {
     expect(direct.json()).toMatchObject({ has_more: true, data: [expect.objectContaining({ domain: expect.any(String) })] });
   });
 
+  it('get_domain answers what GET /api/v2/domains/{domain} answers', async () => {
+    const direct = await v2('GET', '/api/v2/domains/one.example');
+    expect(direct.statusCode).toBe(200);
+    expect(await runBoth(ctx, clients, token, 'get_domain', { domain: 'one.example' })).toEqual({ statusCode: 200, body: direct.json() });
+    expect(await runBoth(ctx, clients, token, 'get_domain', { domain: direct.json().id })).toEqual({ statusCode: 200, body: direct.json() });
+    expect(await runBoth(ctx, clients, otherToken, 'get_domain', { domain: 'one.example' })).toMatchObject({ statusCode: 404, body: { name: 'not_found' } });
+  });
+
   it("shows only the caller's organization", async () => {
     const res = await runBoth(ctx, clients, otherToken, 'list_domains', {});
     expect(res.body).toEqual({ object: 'list', has_more: false, data: [] });
@@ -175,7 +183,7 @@ describe('MCP at /mcp', () => {
     for (const name of ['send_email', 'schedule_campaign']) {
       expect(annotations[name]).toMatchObject({ destructiveHint: true, readOnlyHint: false });
     }
-    for (const name of ['get_email', 'list_emails', 'get_subscriber', 'list_campaigns', 'get_campaign', 'list_domains']) {
+    for (const name of ['get_email', 'list_emails', 'get_subscriber', 'list_subscribers', 'list_campaigns', 'get_campaign', 'list_domains', 'get_domain']) {
       expect(annotations[name]).toMatchObject({ readOnlyHint: true, destructiveHint: false });
     }
     for (const name of ['create_subscriber', 'update_subscriber', 'unsubscribe_subscriber']) {
@@ -320,6 +328,22 @@ describe('subscriber tools', () => {
     expect((await v2('GET', '/api/v2/subscribers/ann%40example.com')).json().status).toBe('UNSUBSCRIBED');
   });
 
+  it('list_subscribers answers what GET /api/v2/subscribers answers, filters included', async () => {
+    await v2('POST', '/api/v2/subscribers', { email: 'bob@example.com', tags: ['vip'] });
+    for (const [args, query] of [
+      [{}, ''],
+      [{ limit: 1 }, '?limit=1'],
+      [{ status: 'UNSUBSCRIBED' }, '?status=UNSUBSCRIBED'],
+      [{ tag: 'vip' }, '?tag=vip'],
+      [{ query: 'bob' }, '?query=bob'],
+    ] as const) {
+      const direct = await v2('GET', `/api/v2/subscribers${query}`);
+      expect(direct.statusCode).toBe(200);
+      expect(await runBoth(ctx, clients, token, 'list_subscribers', args)).toEqual({ statusCode: 200, body: direct.json() });
+    }
+    expect(await runBoth(ctx, clients, token, 'list_subscribers', { after: 'nope' })).toMatchObject({ statusCode: 422, body: { name: 'validation_error' } });
+  });
+
   it("answers the endpoint's 403 without the subscribers permission", async () => {
     const narrow = await mint(['emails'], 'emails only');
     for (const [name, args] of [
@@ -327,6 +351,7 @@ describe('subscriber tools', () => {
       ['get_subscriber', { subscriber: 'ann@example.com' }],
       ['update_subscriber', { subscriber: 'ann@example.com', name: 'x' }],
       ['unsubscribe_subscriber', { subscriber: 'ann@example.com' }],
+      ['list_subscribers', {}],
     ] as const) {
       expect(await runBoth(ctx, clients, narrow, name, args)).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
     }

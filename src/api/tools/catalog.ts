@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { SUBSCRIBER_STATUSES } from '../../shared/db/entities/subscriber.js';
 import { SendEmailBody } from '../../shared/emails/input.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
 import { CreateBody as CreateSubscriberBody, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
@@ -131,6 +132,20 @@ export const tools: Tool[] = [
     toRequest: ({ subscriber }) => ({ method: 'GET', url: `/api/v2/subscribers/${segment(subscriber)}` }),
   }),
   defineTool({
+    name: 'list_subscribers',
+    description: 'List subscribers, newest first, optionally by status, tag name or a substring of email or name.',
+    permission: 'subscribers',
+    inputSchema: z.object({
+      limit: Limit.optional().describe('1 to 100, default 20'),
+      after: z.string().optional().describe('A subscriber id: list subscribers older than it'),
+      status: z.enum(SUBSCRIBER_STATUSES).optional(),
+      tag: z.string().optional().describe('A tag name'),
+      query: z.string().optional().describe('Substring of the email or the name'),
+    }),
+    readOnly: true,
+    toRequest: (query) => ({ method: 'GET', url: '/api/v2/subscribers', query }),
+  }),
+  defineTool({
     name: 'update_subscriber',
     description: 'Change a subscriber (by id or email): email, name, phone, tags, custom fields. Omitted fields are unchanged.',
     permission: 'subscribers',
@@ -180,6 +195,14 @@ export const tools: Tool[] = [
     inputSchema: z.object({ limit: Limit.optional().describe('Return at most this many') }),
     readOnly: true,
     toRequest: (query) => ({ method: 'GET', url: '/api/v2/domains', query }),
+  }),
+  defineTool({
+    name: 'get_domain',
+    description: 'Read one sending domain (by id or hostname) with the DNS records to publish and what verification still misses.',
+    permission: 'domains',
+    inputSchema: z.object({ domain: Id('Domain id (dom_...) or hostname') }),
+    readOnly: true,
+    toRequest: ({ domain }) => ({ method: 'GET', url: `/api/v2/domains/${segment(domain)}` }),
   }),
 ];
 
