@@ -65,8 +65,9 @@ const Id = (what: string) => z.string().min(1).describe(what);
 
 // ---- Endpoint schemas: the route files' own, where the route exists. ----
 
+// The campaigns route declares its send body inline (spec 4.11); once it exports it, use it here.
 const SendCampaignBody = z.object({
-  scheduledAt: z.string().optional().describe('ISO 8601; omit to send now'),
+  scheduledAt: z.string().max(100).optional().describe('ISO 8601; omit to send now; without an offset, a wall-clock time in timezone'),
   timezone: z.string().optional().describe('IANA name, default Europe/Paris'),
 });
 
