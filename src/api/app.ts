@@ -10,6 +10,7 @@ import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { registerErrorHandling } from './plugins/errors.js';
 import { registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
+import { unsubscribeRoutes } from './routes/unsubscribe.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
 import type { App } from './types.js';
@@ -93,6 +94,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(healthRoutes);
   await app.register(adminDashboard);
   await app.register(confirmRoutes);
+  await app.register(unsubscribeRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();

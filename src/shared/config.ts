@@ -56,6 +56,8 @@ const envSchema = z
         return servers;
       }),
     VERIFY_MONTHLY_QUOTA: z.coerce.number().int().min(0).default(1000),
+    // Campaign fan-out: subscribers read, and email rows written, per transaction.
+    CAMPAIGN_FANOUT_PAGE: z.coerce.number().int().min(1).max(5000).default(1000),
     // Operator blocklist of verification: comma-separated domains (and their subdomains)
     // answered `spam_domain`.
     VERIFY_BLOCKED_DOMAINS: z
@@ -107,6 +109,7 @@ export interface Config {
   };
   dnsServers?: string[];
   verifyMonthlyQuota: number;
+  campaignFanoutPage: number;
   verifyBlockedDomains: string[];
   rateLimitPerSecond: number;
   workerQueues?: string[];
@@ -153,6 +156,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     },
     dnsServers: e.DNS_SERVERS,
     verifyMonthlyQuota: e.VERIFY_MONTHLY_QUOTA,
+    campaignFanoutPage: e.CAMPAIGN_FANOUT_PAGE,
     verifyBlockedDomains: e.VERIFY_BLOCKED_DOMAINS,
     rateLimitPerSecond: e.RATE_LIMIT_PER_SECOND,
     workerQueues: e.WORKER_QUEUES,

@@ -73,7 +73,7 @@ async function send(payload: { emailId: string; throttled?: number }, ctx: JobCo
  * mail gets its own queue (`campaign-emails`) served by the same factory, so transactional
  * mail overtakes it.
  */
-export function emailSendProcessor(queue: EmailQueueName = 'emails', options: EmailProcessorOptions = {}): QueueProcessor<'emails'> {
+export function emailSendProcessor(queue: EmailQueueName = 'emails', options: EmailProcessorOptions = {}): QueueProcessor<EmailQueueName> {
   const o = { ...DEFAULTS, ...options };
   return defineProcessor({
     queue,

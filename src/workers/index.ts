@@ -1,3 +1,4 @@
+import { campaignEmailsProcessor, campaignsProcessor } from './campaigns.js';
 import { domainsProcessor } from './domains.js';
 import { emailsProcessor } from './emails.js';
 import { maintenanceProcessor } from './maintenance.js';
@@ -12,4 +13,6 @@ export const processors: QueueProcessor[] = [
   subscribersProcessor as QueueProcessor,
   workflowsProcessor as QueueProcessor,
   emailsProcessor as QueueProcessor,
+  campaignsProcessor as QueueProcessor,
+  campaignEmailsProcessor as QueueProcessor,
 ];

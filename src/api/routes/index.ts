@@ -1,4 +1,5 @@
 import type { App } from '../types.js';
+import { campaignsRoutes } from './campaigns.js';
 import { domainsRoutes } from './domains.js';
 import { eventsRoutes } from './events.js';
 import { subscribersRoutes } from './subscribers.js';
@@ -16,4 +17,5 @@ export const v2Routes: Array<(app: App) => Promise<void>> = [
   eventsRoutes,
   verificationRoutes,
   emailsRoutes,
+  campaignsRoutes,
 ];

@@ -62,6 +62,14 @@ export class DeliveryStore {
       // The same id twice in one statement would be claimed once but returned to both
       // callers: only its first caller gets the row.
       const unique = [...new Set(ids)];
+      // Campaign mail to a contact who unsubscribed (or was deleted) since the fan-out is
+      // failed instead of sent (contract 8), so the campaign still completes.
+      await this.query(
+        `update emails e set status = 'failed', failure_reason = 'recipient no longer subscribed', updated_at = now()
+         where e.id in (select jsonb_array_elements_text(?::jsonb)) and e.status = 'queued' and e.source = 'campaign'
+           and not exists (select 1 from subscribers s where s.id = e.subscriber_id and s.status = 'SUBSCRIBED')`,
+        [JSON.stringify(unique)],
+      );
       const rows = await this.query<ClaimedRow>(
         `update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
          where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'
@@ -76,12 +84,17 @@ export class DeliveryStore {
       });
     });
     this.sent = new Coalescer<SentRecord, void>(async (records) => {
+      // Campaign counters move as the provider accepts (emailsSentCount, spec 2.5).
       await this.query(
-        `update emails e set status = 'sent',
+        `with sent as (update emails e set status = 'sent',
            delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
            message_id = v.message_id, html = v.html, text = v.text, sent_at = now(), failure_reason = null, updated_at = now()
          from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, delivered boolean)
-         where e.id = v.id and e.status = 'sending'`,
+         where e.id = v.id and e.status = 'sending'
+         returning e.campaign_id, e.source)
+         update campaigns c set emails_sent_count = c.emails_sent_count + s.n
+         from (select campaign_id, count(*)::int as n from sent where source = 'campaign' and campaign_id is not null group by campaign_id) s
+         where c.id = s.campaign_id`,
         [JSON.stringify(records)],
       );
       return records.map(() => undefined);

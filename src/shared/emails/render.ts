@@ -86,7 +86,8 @@ function preheader(preview: string | null | undefined): string {
 }
 
 // Table-based, 600 px wide, system fonts: what renders alike in Outlook, Gmail and Apple Mail.
-function layout(bodyHtml: string, subject: string, preview: string | null | undefined): string {
+/** The email-safe layout around a generated body (campaign rendering uses it too). */
+export function layout(bodyHtml: string, subject: string, preview: string | null | undefined): string {
   return `<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><meta name="x-apple-disable-message-reformatting"><title>${escapeHtml(subject)}</title></head>
 <body style="${BODY_STYLE}">${preheader(preview)}<table role="presentation" width="100%" cellpadding="0" cellspacing="0" border="0" bgcolor="#f4f4f5" style="width: 100%; background-color: #f4f4f5;"><tr><td align="center">

@@ -10,11 +10,11 @@ import type { Logger } from '../logger.js';
 import type { QueueProducer } from '../queues/producer.js';
 import type { NewEmail } from './input.js';
 
-/** The queue an email's send job goes to. Campaign mail will get a queue of its own. */
-export type EmailQueueName = 'emails';
+/** The queue an email's send job goes to: campaign mail has its own, so transactional mail overtakes it. */
+export type EmailQueueName = 'emails' | 'campaign-emails';
 
-export function queueForSource(_source: EmailSource): EmailQueueName {
-  return 'emails';
+export function queueForSource(source: EmailSource): EmailQueueName {
+  return source === 'campaign' ? 'campaign-emails' : 'emails';
 }
 
 // Transient failures (4xx other than throttling, connection errors) are retried with

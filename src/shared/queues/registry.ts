@@ -33,6 +33,23 @@ export const queueRegistry = {
     // Scheduled: forget Idempotency-Key rows older than 24 h.
     'purge-idempotency-keys': z.object({}),
   },
+  // Campaign mail: the same jobs as `emails`, on a queue of its own so that transactional
+  // mail (on `emails`) overtakes a campaign of any size.
+  'campaign-emails': {
+    send: z.object({ emailId: z.string(), throttled: z.number().int().min(0).optional() }),
+    'send-batch': z.object({ emailIds: z.array(z.string()).min(1).max(1000) }),
+    reconcile: z.object({}),
+    'purge-idempotency-keys': z.object({}),
+  },
+  campaigns: {
+    // jobId = the campaign id, delayed until scheduledAt: SCHEDULED -> SENDING, then the
+    // fan-out by keyset pages (resumable from the campaign's cursor).
+    'fan-out': z.object({ campaignId: z.string() }),
+    // jobId = complete-<campaign id>: SENDING -> SENT/FAILED once no email is pending.
+    complete: z.object({ campaignId: z.string() }),
+    // Scheduled: re-enqueue the jobs of SCHEDULED/SENDING campaigns that Redis lost.
+    reconcile: z.object({}),
+  },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;

@@ -8,6 +8,7 @@ import { SubscriberSchema } from './subscriber.js';
 import { SubscriberTagSchema, TagSchema } from './tag.js';
 import { EmailVerificationSchema } from './email-verification.js';
 import { VerificationHistorySchema } from './verification-history.js';
+import { CampaignSchema } from './campaign.js';
 
 export { ApiToken } from './api-token.js';
 export { Email } from './email.js';
@@ -19,6 +20,7 @@ export { SubscriberEvent } from './subscriber-event.js';
 export { SubscriberTag, Tag } from './tag.js';
 export { EmailVerification } from './email-verification.js';
 export { VerificationHistory } from './verification-history.js';
+export { Campaign, CAMPAIGN_STATUSES, CONTENT_TYPES, type CampaignStatus, type CampaignContentType, type RecipientFilter } from './campaign.js';
 
 /** Every entity of the service; each feature appends its own, one a line. */
 export const entities = [
@@ -33,4 +35,5 @@ export const entities = [
   EmailVerificationSchema,
   VerificationHistorySchema,
   EmailSchema,
+  CampaignSchema,
 ];

@@ -3,6 +3,7 @@ import { Migration20261123010000Emails } from './20261123010000-emails.js';
 import { Migration20261123020000Audience } from './20261123020000-audience.js';
 import { Migration20261123030000Domains } from './20261123030000-domains.js';
 import { Migration20261123040000Verification } from './20261123040000-verification.js';
+import { Migration20261123050000Campaigns } from './20261123050000-campaigns.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -14,4 +15,5 @@ export const migrationsList = [
   { name: 'Migration20261123020000Audience', class: Migration20261123020000Audience },
   { name: 'Migration20261123030000Domains', class: Migration20261123030000Domains },
   { name: 'Migration20261123040000Verification', class: Migration20261123040000Verification },
+  { name: 'Migration20261123050000Campaigns', class: Migration20261123050000Campaigns },
 ];

@@ -1,0 +1,252 @@
+import { z } from 'zod';
+import { CAMPAIGN_STATUSES, CONTENT_TYPES } from '../../shared/db/entities/campaign.js';
+import { RecipientFiltersSchema } from '../../shared/campaigns/filters.js';
+import {
+  createCampaign,
+  deleteCampaign,
+  getCampaign,
+  listCampaigns,
+  patchCampaign,
+  scheduleCampaign,
+  sendTestEmail,
+  type CampaignView,
+} from '../../shared/campaigns/service.js';
+import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
+import type { App } from '../types.js';
+
+const noLineBreak = (v: string) => !/[\r\n]/.test(v);
+const Subject = z.string().max(998, 'at most 998 characters').refine(noLineBreak, 'must not contain CR or LF');
+const Name = z.string().trim().min(1, 'must be 1 to 100 characters').max(100, 'must be 1 to 100 characters');
+const Content = z.unknown().describe('MARKDOWN: a string; MAILY/PLATE: the editor JSON, as an object or its JSON text');
+
+const CampaignFieldsShape = {
+  subject: Subject.optional(),
+  preview: z.string().max(1000).refine(noLineBreak, 'must not contain CR or LF').nullable().optional(),
+  content: Content.optional(),
+  contentType: z.enum(CONTENT_TYPES).optional(),
+  mailFormat: z.string().max(50).nullable().optional(),
+  senderId: z.string().max(100).nullable().optional(),
+  replyTo: z.email('must be an email address').nullable().optional(),
+  recipientFilters: RecipientFiltersSchema.optional(),
+};
+
+const CreateBody = z.strictObject({ name: Name, ...CampaignFieldsShape });
+const PatchBody = z.looseObject({ name: Name.optional(), ...CampaignFieldsShape });
+const KNOWN = new Set(Object.keys(PatchBody.shape));
+
+const CampaignOut = z.object({
+  object: z.literal('campaign'),
+  id: z.string(),
+  name: z.string(),
+  subject: z.string(),
+  preview: z.string().nullable(),
+  status: z.enum(CAMPAIGN_STATUSES),
+  contentType: z.enum(CONTENT_TYPES),
+  mailFormat: z.string().nullable(),
+  content: z.unknown(),
+  recipientCount: z.number().int(),
+  recipientFilters: z.array(z.unknown()),
+  emailsSentCount: z.number().int(),
+  emailsOpenedCount: z.number().int(),
+  emailsClickedCount: z.number().int(),
+  scheduledAt: Timestamp.nullable(),
+  sendAt: Timestamp.nullable(),
+  timezone: z.string().nullable(),
+  senderId: z.string().nullable(),
+  sender: z.object({ id: z.string(), name: z.string(), email: z.string() }).nullable(),
+  replyTo: z.string().nullable(),
+  createdAt: Timestamp,
+  updatedAt: Timestamp,
+});
+
+function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.infer<typeof CampaignOut> {
+  return {
+    object: 'campaign',
+    id: c.id,
+    name: c.name,
+    subject: c.subject,
+    preview: c.preview,
+    status: c.status,
+    contentType: c.contentType,
+    mailFormat: c.mailFormat,
+    content: c.content,
+    recipientCount,
+    recipientFilters: c.recipientFilters,
+    emailsSentCount: c.emailsSentCount,
+    emailsOpenedCount: c.emailsOpenedCount,
+    emailsClickedCount: c.emailsClickedCount,
+    scheduledAt: iso(c.scheduledAt),
+    sendAt: iso(c.sendAt),
+    timezone: c.timezone,
+    senderId: c.senderId,
+    sender: sender ? { id: sender.id, name: sender.name, email: sender.email } : null,
+    replyTo: c.replyTo,
+    createdAt: iso(c.createdAt),
+    updatedAt: iso(c.updatedAt),
+  };
+}
+
+const Params = z.object({ campaignId: z.string().max(100) });
+const tags = ['campaigns'];
+
+export async function campaignsRoutes(app: App): Promise<void> {
+  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl, metrics: app.services.metrics });
+
+  app.post(
+    '/campaigns',
+    { config: { permission: 'campaigns' }, schema: { tags, summary: 'Create a campaign (DRAFT)', body: CreateBody, response: { 200: CampaignOut } } },
+    async (request) => campaignOut(await createCampaign(request.em, request.caller.organizationId, request.body, app.services.clock())),
+  );
+
+  app.get(
+    '/campaigns',
+    {
+      config: { permission: 'campaigns' },
+      schema: {
+        tags,
+        summary: 'List campaigns, newest first',
+        querystring: z.object({ limit: limitQuery.optional(), after: z.string().max(100).optional(), status: z.enum(CAMPAIGN_STATUSES).optional() }),
+        response: { 200: listEnvelope(CampaignOut) },
+      },
+    },
+    async (request) => {
+      const { items, hasMore } = await listCampaigns(request.em, request.caller.organizationId, request.query);
+      return list(items.map(campaignOut), hasMore);
+    },
+  );
+
+  app.get(
+    '/campaigns/:campaignId',
+    { config: { permission: 'campaigns' }, schema: { tags, summary: 'Get a campaign', params: Params, response: { 200: CampaignOut } } },
+    async (request) => campaignOut(await getCampaign(request.em, request.caller.organizationId, request.params.campaignId)),
+  );
+
+  app.patch(
+    '/campaigns/:campaignId',
+    {
+      config: { permission: 'campaigns' },
+      schema: {
+        tags,
+        summary: 'Change a DRAFT campaign',
+        params: Params,
+        body: PatchBody,
+        response: {
+          200: z.object({
+            id: z.string(),
+            name: z.string(),
+            subject: z.string(),
+            preview: z.string().nullable(),
+            status: z.enum(CAMPAIGN_STATUSES),
+            contentType: z.enum(CONTENT_TYPES),
+            senderId: z.string().nullable(),
+            replyTo: z.string().nullable(),
+            updatedFields: z.array(z.string()),
+            warnings: z.array(z.string()).optional(),
+          }),
+        },
+      },
+    },
+    async (request) => {
+      const body = request.body;
+      const ignored = Object.keys(body).filter((k) => !KNOWN.has(k));
+      const fields = Object.fromEntries(Object.entries(body).filter(([k]) => KNOWN.has(k))) as z.infer<typeof CreateBody>;
+      const { campaign: c, updatedFields, warnings } = await patchCampaign(request.em, request.caller.organizationId, request.params.campaignId, fields, ignored);
+      return {
+        id: c.id,
+        name: c.name,
+        subject: c.subject,
+        preview: c.preview,
+        status: c.status,
+        contentType: c.contentType,
+        senderId: c.senderId,
+        replyTo: c.replyTo,
+        updatedFields,
+        ...(warnings.length > 0 ? { warnings } : {}),
+      };
+    },
+  );
+
+  app.delete(
+    '/campaigns/:campaignId',
+    {
+      config: { permission: 'campaigns' },
+      schema: {
+        tags,
+        summary: 'Delete a campaign (cancels a scheduled send, stops a running one)',
+        params: Params,
+        response: { 200: z.object({ object: z.literal('campaign'), id: z.string(), deleted: z.literal(true) }) },
+      },
+    },
+    async (request) => {
+      const { status } = await deleteCampaign(request.em, deps(), request.caller.organizationId, request.params.campaignId);
+      if (status === 'SCHEDULED' || status === 'SENDING') app.services.metrics.campaignsFinished.inc({ status: 'cancelled' });
+      return { object: 'campaign' as const, id: request.params.campaignId, deleted: true as const };
+    },
+  );
+
+  app.post(
+    '/campaigns/:campaignId/send',
+    {
+      config: { permission: 'send', validationStatus: 400 },
+      schema: {
+        tags,
+        summary: 'Send or schedule a campaign',
+        params: Params,
+        body: z
+          .strictObject({
+            scheduledAt: z.string().max(100).optional().describe('ISO 8601; without an offset, a wall-clock time in timezone'),
+            timezone: z.string().max(100).optional().describe('IANA time zone, default Europe/Paris'),
+          })
+          .optional(),
+        response: {
+          200: z.object({
+            id: z.string(),
+            campaignId: z.string(),
+            subject: z.string(),
+            status: z.literal('SCHEDULED'),
+            scheduledAt: Timestamp,
+            timezone: z.string().optional(),
+            recipientCount: z.number().int(),
+          }),
+        },
+      },
+    },
+    async (request) => {
+      const { campaign, timezoneGiven } = await scheduleCampaign(
+        request.em,
+        deps(),
+        request.caller.organizationId,
+        request.params.campaignId,
+        request.body ?? {},
+        app.services.clock(),
+      );
+      return {
+        id: campaign.id,
+        campaignId: campaign.id,
+        subject: campaign.subject,
+        status: 'SCHEDULED' as const,
+        scheduledAt: iso(campaign.scheduledAt!),
+        ...(timezoneGiven ? { timezone: campaign.timezone! } : {}),
+        recipientCount: campaign.recipientCount ?? 0,
+      };
+    },
+  );
+
+  app.post(
+    '/campaigns/:campaignId/test',
+    {
+      config: { permission: 'campaigns' },
+      schema: {
+        tags,
+        summary: 'Send one test email of the campaign',
+        params: Params,
+        body: z.strictObject({ to: z.email('must be an email address') }),
+        response: { 200: z.object({ id: z.string(), object: z.literal('email') }) },
+      },
+    },
+    async (request) => {
+      const { id } = await sendTestEmail(request.em, deps(), request.caller.organizationId, request.params.campaignId, request.body.to);
+      return { id, object: 'email' as const };
+    },
+  );
+}

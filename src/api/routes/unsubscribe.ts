@@ -1,0 +1,56 @@
+import { z } from 'zod';
+import { resolveUnsubscribeToken, unsubscribeByToken } from '../../shared/campaigns/unsubscribe.js';
+import type { App } from '../types.js';
+
+function escapeHtml(text: string): string {
+  return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+function page(title: string, body: string): string {
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="robots" content="noindex"><title>${escapeHtml(title)}</title>
+<style>body{font-family:system-ui,sans-serif;max-width:32rem;margin:4rem auto;padding:0 1rem;color:#222}h1{font-size:1.4rem}button{font-size:1rem;padding:.6rem 1.2rem;cursor:pointer}</style>
+</head><body><h1>${escapeHtml(title)}</h1>${body}</body></html>`;
+}
+
+const NOT_VALID = page('Link not valid', '<p>This unsubscribe link is not valid.</p>');
+const Params = z.object({ token: z.string().max(2000) });
+
+/**
+ * Contract 10: `GET /u/{token}` shows a confirm page and changes nothing; `POST /u/{token}`
+ * unsubscribes, from the page's form or as an RFC 8058 one-click request (body
+ * `List-Unsubscribe=One-Click`, form-encoded). A forged token is 404.
+ */
+export async function unsubscribeRoutes(app: App): Promise<void> {
+  // Form posts (the page's button, mail clients' one-click) carry a urlencoded body; it is
+  // read as text and not needed: the token alone says who. Scoped to this plugin.
+  app.addContentTypeParser(['application/x-www-form-urlencoded', 'multipart/form-data', 'text/plain'], { parseAs: 'string', bodyLimit: 4096 }, (_req, body, done) =>
+    done(null, body),
+  );
+
+  app.get('/u/:token', { exposeHeadRoute: false, schema: { hide: true, params: Params } }, async (request, reply) => {
+    void reply.type('text/html; charset=utf-8').header('cache-control', 'no-store');
+    const target = await resolveUnsubscribeToken(request.em, app.services.signer, request.params.token);
+    if (!target) return reply.code(404).send(NOT_VALID);
+    if (target === 'gone' || target.status !== 'SUBSCRIBED') {
+      return reply.send(page('You are unsubscribed', '<p>This address does not receive these emails.</p>'));
+    }
+    const action = escapeHtml(`/u/${request.params.token}`);
+    return reply.send(
+      page(
+        `Unsubscribe from ${target.organizationName}?`,
+        `<p>${escapeHtml(target.email)} will no longer receive emails from ${escapeHtml(target.organizationName)}.</p>
+<form method="post" action="${action}"><input type="hidden" name="List-Unsubscribe" value="One-Click"><button type="submit">Unsubscribe</button></form>`,
+      ),
+    );
+  });
+
+  app.post('/u/:token', { schema: { hide: true, params: Params } }, async (request, reply) => {
+    void reply.type('text/html; charset=utf-8').header('cache-control', 'no-store');
+    const target = await unsubscribeByToken({ em: request.em, producer: app.services.producer, clock: app.services.clock }, app.services.signer, request.params.token);
+    if (!target) return reply.code(404).send(NOT_VALID);
+    const org = target === 'gone' ? '' : ` from ${escapeHtml(target.organizationName)}`;
+    return reply.send(page('You are unsubscribed', `<p>You will no longer receive these emails${org}.</p>`));
+  });
+}

@@ -1,0 +1,72 @@
+import { Marked, type Token } from 'marked';
+import type { CampaignContentType } from '../db/entities/campaign.js';
+import { inlineStyles, layout, markdownToHtml, renderEmail } from '../emails/render.js';
+import { UNSUBSCRIBE_TARGET } from './html.js';
+import { mailyHasUnsubscribeLink, mailyProblem, mailyToHtml } from './maily.js';
+import { plateHasUnsubscribeLink, plateProblem, plateToHtml } from './plate.js';
+
+/**
+ * Campaign content by type (contract 8): validation, the unsubscribe-link check and the
+ * rendering of a campaign ONCE into an HTML and a text template that still hold the
+ * `{{...}}` placeholders; `personalize.ts` fills them per recipient.
+ */
+
+/** Parses a JSON string for MAILY/PLATE; returns the value to store, or a problem. */
+export function normalizeContent(contentType: CampaignContentType, content: unknown): { value: unknown } | { problem: string } {
+  if (content === null || content === undefined) return { value: null };
+  if (contentType === 'MARKDOWN') {
+    if (typeof content !== 'string') return { problem: 'must be a markdown string for contentType MARKDOWN' };
+    return { value: content };
+  }
+  let value = content;
+  if (typeof value === 'string') {
+    try {
+      value = JSON.parse(value);
+    } catch {
+      return { problem: `is not valid JSON (contentType ${contentType})` };
+    }
+  }
+  const problem = contentType === 'MAILY' ? mailyProblem(value) : plateProblem(value);
+  return problem ? { problem } : { value };
+}
+
+const lexer = new Marked({ gfm: true });
+
+function markdownHasUnsubscribeLink(markdown: string): boolean {
+  let found = false;
+  const tokens = lexer.lexer(markdown);
+  lexer.walkTokens(tokens, (token: Token) => {
+    if (token.type === 'link' && UNSUBSCRIBE_TARGET.test(token.href)) found = true;
+    if (token.type === 'html' && /href\s*=\s*["']?\s*\{\{\s*unsubscribe_url\s*\}\}/i.test(token.raw)) found = true;
+  });
+  return found;
+}
+
+/** True when `{{unsubscribe_url}}` is the target of a link (not merely in the text). */
+export function hasUnsubscribeLink(contentType: CampaignContentType, content: unknown): boolean {
+  if (content === null || content === undefined) return false;
+  if (contentType === 'MARKDOWN') return typeof content === 'string' && markdownHasUnsubscribeLink(content);
+  if (contentType === 'MAILY') return mailyHasUnsubscribeLink(content);
+  return plateHasUnsubscribeLink(content);
+}
+
+export function contentBodyHtml(contentType: CampaignContentType, content: unknown): string {
+  if (content === null || content === undefined) return '';
+  if (contentType === 'MARKDOWN') return markdownToHtml(String(content));
+  if (contentType === 'MAILY') return mailyToHtml(content);
+  return plateToHtml(content);
+}
+
+export interface CampaignTemplate {
+  subject: string;
+  html: string;
+  text: string;
+}
+
+/** The whole message with placeholders left in: rendered once per campaign. */
+export function renderCampaignTemplate(campaign: { contentType: CampaignContentType; content: unknown; subject: string; preview: string | null }): CampaignTemplate {
+  const body = contentBodyHtml(campaign.contentType, campaign.content);
+  const html = layout(inlineStyles(body), campaign.subject, campaign.preview);
+  const rendered = renderEmail({ contentKind: 'html', content: html, subject: campaign.subject });
+  return { subject: campaign.subject, html: rendered.html, text: rendered.text };
+}

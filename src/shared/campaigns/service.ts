@@ -1,0 +1,308 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { IANAZone, DateTime } from 'luxon';
+import { Campaign, type CampaignContentType, type CampaignStatus, type RecipientFilter } from '../db/entities/campaign.js';
+import { Sender } from '../db/entities/sender.js';
+import { createEmails } from '../emails/service.js';
+import { NotFoundError, ValidationError } from '../errors.js';
+import { isId, newId } from '../ids.js';
+import type { Logger } from '../logger.js';
+import type { Metrics } from '../metrics.js';
+import type { QueueProducer } from '../queues/producer.js';
+import { hasUnsubscribeLink, normalizeContent, renderCampaignTemplate } from './content.js';
+import { countRecipients } from './filters.js';
+import { fillHtml, fillSubject, fillText, variablesOf } from './personalize.js';
+import { assertTransition } from './state.js';
+
+export const DEFAULT_TIMEZONE = 'Europe/Paris';
+export const CAMPAIGN_JOB_OPTIONS = { removeOnComplete: true, removeOnFail: true } as const;
+
+export interface CampaignFields {
+  name?: string;
+  subject?: string;
+  preview?: string | null;
+  content?: unknown;
+  contentType?: CampaignContentType;
+  mailFormat?: string | null;
+  senderId?: string | null;
+  replyTo?: string | null;
+  recipientFilters?: RecipientFilter[];
+}
+
+export interface CampaignView {
+  campaign: Campaign;
+  sender: Sender | null;
+  recipientCount: number;
+}
+
+async function findCampaign(em: EntityManager, organizationId: string, id: string): Promise<Campaign> {
+  const campaign = isId(id, 'cmp') ? await em.findOne(Campaign, { id, organizationId }) : null;
+  if (!campaign) throw new NotFoundError(`No campaign ${id}`);
+  return campaign;
+}
+
+async function senderOf(em: EntityManager, organizationId: string, senderId: string | null): Promise<Sender | null> {
+  if (!senderId || !isId(senderId, 'snd')) return null;
+  return em.findOne(Sender, { id: senderId, organizationId });
+}
+
+async function checkSender(em: EntityManager, organizationId: string, senderId: string | null | undefined, status: 400 | 422 = 422): Promise<void> {
+  if (senderId === undefined || senderId === null) return;
+  if (!(await senderOf(em, organizationId, senderId))) {
+    throw new ValidationError(`senderId: no sender ${senderId} in this organization`, [{ path: 'senderId', message: 'unknown sender' }], status);
+  }
+}
+
+function contentOrThrow(contentType: CampaignContentType, content: unknown): unknown {
+  const result = normalizeContent(contentType, content);
+  if ('problem' in result) throw new ValidationError(`content: ${result.problem}`, [{ path: 'content', message: result.problem }]);
+  return result.value;
+}
+
+/** The get shape's data: recipientCount live for drafts, frozen once scheduled. */
+export async function viewOf(em: EntityManager, campaign: Campaign): Promise<CampaignView> {
+  const sender = await senderOf(em, campaign.organizationId, campaign.senderId);
+  const recipientCount =
+    campaign.status === 'DRAFT' || campaign.recipientCount === null
+      ? await countRecipients(em, campaign.organizationId, campaign.recipientFilters)
+      : campaign.recipientCount;
+  return { campaign, sender, recipientCount };
+}
+
+export async function createCampaign(em: EntityManager, organizationId: string, input: CampaignFields & { name: string }, now: Date): Promise<CampaignView> {
+  const contentType = input.contentType ?? 'MARKDOWN';
+  const content = contentOrThrow(contentType, input.content);
+  await checkSender(em, organizationId, input.senderId);
+  const campaign = em.create(Campaign, {
+    id: newId('cmp'),
+    organizationId,
+    name: input.name,
+    subject: input.subject ?? '',
+    preview: input.preview ?? null,
+    status: 'DRAFT',
+    contentType,
+    mailFormat: input.mailFormat ?? null,
+    content,
+    recipientFilters: input.recipientFilters ?? [],
+    senderId: input.senderId ?? null,
+    replyTo: input.replyTo ?? null,
+    emailsSentCount: 0,
+    emailsOpenedCount: 0,
+    emailsClickedCount: 0,
+    fanoutDone: false,
+    createdAt: now,
+    updatedAt: now,
+  });
+  await em.flush();
+  return viewOf(em, campaign);
+}
+
+export async function getCampaign(em: EntityManager, organizationId: string, id: string): Promise<CampaignView> {
+  return viewOf(em, await findCampaign(em, organizationId, id));
+}
+
+export async function listCampaigns(
+  em: EntityManager,
+  organizationId: string,
+  query: { limit?: number; after?: string; status?: CampaignStatus },
+): Promise<{ items: CampaignView[]; hasMore: boolean }> {
+  const limit = query.limit ?? 20;
+  if (query.after !== undefined && (await em.count(Campaign, { id: query.after, organizationId })) === 0) {
+    throw new ValidationError('Unknown after cursor', [{ path: 'after', message: `no campaign ${query.after} in this organization` }]);
+  }
+  const rows = await em.find(
+    Campaign,
+    { organizationId, ...(query.status ? { status: query.status } : {}), ...(query.after ? { id: { $lt: query.after } } : {}) },
+    { orderBy: { id: 'desc' }, limit: limit + 1 },
+  );
+  const items = await Promise.all(rows.slice(0, limit).map((c) => viewOf(em, c)));
+  return { items, hasMore: rows.length > limit };
+}
+
+const PATCHABLE = ['subject', 'name', 'preview', 'content', 'contentType', 'mailFormat', 'senderId', 'replyTo', 'recipientFilters'] as const;
+
+/** Spec 4.9: only a DRAFT; `updatedFields` lists what changed, `warnings` what was ignored or remapped. */
+export async function patchCampaign(
+  em: EntityManager,
+  organizationId: string,
+  id: string,
+  input: CampaignFields,
+  ignored: string[],
+): Promise<{ campaign: Campaign; updatedFields: string[]; warnings: string[] }> {
+  const campaign = await findCampaign(em, organizationId, id);
+  if (campaign.status !== 'DRAFT') {
+    throw new ValidationError(`The campaign is ${campaign.status}; only a DRAFT can be changed`, [{ path: 'status', message: `is ${campaign.status}` }]);
+  }
+  const warnings = ignored.map((f) =>
+    f === 'scheduledAt' || f === 'timezone' || f === 'status'
+      ? `${f} was ignored: schedule with POST /api/v2/campaigns/${id}/send`
+      : `${f} was ignored: not a field of a campaign`,
+  );
+  const contentType = input.contentType ?? campaign.contentType;
+  let content: unknown = campaign.content;
+  if (input.content !== undefined) {
+    content = contentOrThrow(contentType, input.content);
+    if (typeof input.content === 'string' && contentType !== 'MARKDOWN') warnings.push('content was given as a JSON string; it is stored as the parsed document');
+  } else if (input.contentType !== undefined && input.contentType !== campaign.contentType && campaign.content !== null) {
+    const result = normalizeContent(contentType, campaign.content);
+    if ('problem' in result) {
+      throw new ValidationError(`contentType: the current content is not valid ${contentType} (${result.problem}); send content too`, [
+        { path: 'contentType', message: `current content is not valid ${contentType}` },
+      ]);
+    }
+  }
+  await checkSender(em, organizationId, input.senderId);
+  const next: Record<string, unknown> = { ...input, content, contentType };
+  const updatedFields: string[] = [];
+  for (const field of PATCHABLE) {
+    if ((input as Record<string, unknown>)[field] === undefined) continue;
+    const value = next[field];
+    if (JSON.stringify((campaign as unknown as Record<string, unknown>)[field] ?? null) !== JSON.stringify(value ?? null)) {
+      (campaign as unknown as Record<string, unknown>)[field] = value ?? null;
+      updatedFields.push(field);
+    }
+  }
+  if (updatedFields.length > 0) await em.flush();
+  return { campaign, updatedFields, warnings };
+}
+
+/** Spec 4.10 and contract 8: a SCHEDULED campaign's send is cancelled; a SENDING one stops. */
+export async function deleteCampaign(em: EntityManager, deps: { producer: QueueProducer; logger?: Logger }, organizationId: string, id: string): Promise<{ status: CampaignStatus }> {
+  const campaign = await findCampaign(em, organizationId, id);
+  const status = campaign.status;
+  await em.transactional(async (tx) => {
+    // Lock the row: a fan-out page commits its cursor under this lock, so after the delete
+    // no further page is written; emails still queued are failed and never handed over.
+    await tx.execute(`select id from campaigns where id = ? for update`, [id], 'all');
+    await tx.execute(
+      `update emails set status = 'failed', failure_reason = 'campaign deleted', updated_at = now()
+       where campaign_id = ? and source = 'campaign' and status = 'queued'`,
+      [id],
+      'run',
+    );
+    await tx.execute(`delete from campaigns where id = ?`, [id], 'run');
+  });
+  if (status === 'SCHEDULED' || status === 'SENDING') {
+    try {
+      // A waiting or delayed job goes; an active one finds the row gone at its next page.
+      await deps.producer.queue('campaigns').remove(id);
+    } catch (error) {
+      deps.logger?.debug({ err: error, campaignId: id }, 'campaign job not removed (active); it stops by itself');
+    }
+  }
+  return { status };
+}
+
+const ISO_LOCAL = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?$/;
+const ISO_OFFSET = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2})$/i;
+
+/** Contract 8: with an offset the time is absolute; without one it is wall-clock in `timezone`. */
+export function parseScheduledAt(value: string, timezone: string): Date {
+  const bad = (message: string) => new ValidationError(`scheduledAt: ${message}`, [{ path: 'scheduledAt', message }], 400);
+  let parsed: DateTime;
+  if (ISO_OFFSET.test(value)) parsed = DateTime.fromISO(value, { setZone: true });
+  else if (ISO_LOCAL.test(value)) parsed = DateTime.fromISO(value, { zone: timezone });
+  else throw bad('must be an ISO 8601 date and time, e.g. 2026-12-01T09:00:00Z or 2026-12-01T09:00 (wall clock in timezone)');
+  if (!parsed.isValid) throw bad(`is not a valid date and time (${parsed.invalidExplanation ?? parsed.invalidReason})`);
+  return parsed.toJSDate();
+}
+
+export interface ScheduleInput {
+  scheduledAt?: string;
+  timezone?: string;
+}
+
+export interface Scheduled {
+  campaign: Campaign;
+  timezoneGiven: boolean;
+}
+
+/** Spec 4.11: DRAFT -> SCHEDULED with recipientCount frozen; the delayed job is enqueued after commit. */
+export async function scheduleCampaign(
+  em: EntityManager,
+  deps: { producer: QueueProducer; logger?: Logger },
+  organizationId: string,
+  id: string,
+  input: ScheduleInput,
+  now: Date,
+): Promise<Scheduled> {
+  const campaign = await findCampaign(em, organizationId, id);
+  const v400 = (path: string, message: string) => new ValidationError(`${path}: ${message}`, [{ path, message }], 400);
+  if (campaign.status !== 'DRAFT') throw v400('status', `the campaign is ${campaign.status}; only a DRAFT can be sent`);
+  const timezone = input.timezone ?? DEFAULT_TIMEZONE;
+  if (!IANAZone.isValidZone(timezone)) throw v400('timezone', `"${timezone}" is not an IANA time zone (e.g. Europe/Paris)`);
+  const scheduledAt = input.scheduledAt === undefined ? now : parseScheduledAt(input.scheduledAt, timezone);
+  if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
+  if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
+  await checkSender(em, organizationId, campaign.senderId, 400);
+  if (!campaign.subject.trim()) throw v400('subject', 'the campaign has no subject');
+  if (!hasUnsubscribeLink(campaign.contentType, campaign.content)) {
+    throw v400('content', 'the content has no unsubscribe link: add a link whose target is {{unsubscribe_url}}');
+  }
+  assertTransition(campaign.status, 'SCHEDULED', 400);
+  await em.transactional(async (tx) => {
+    const count = await countRecipients(tx, organizationId, campaign.recipientFilters);
+    const updated = await tx.execute<{ id: string }[]>(
+      `update campaigns set status = 'SCHEDULED', scheduled_at = ?, timezone = ?, recipient_count = ?, updated_at = now()
+       where id = ? and status = 'DRAFT' returning id`,
+      [scheduledAt, timezone, count, id],
+      'all',
+    );
+    if (updated.length === 0) throw v400('status', 'the campaign is no longer a DRAFT');
+    Object.assign(campaign, { status: 'SCHEDULED', scheduledAt, timezone, recipientCount: count });
+  });
+  await enqueueFanOut(deps, campaign.id, scheduledAt, now);
+  return { campaign, timezoneGiven: input.timezone !== undefined };
+}
+
+/** The delayed fan-out job (jobId = campaign id). Never throws: the reconciler re-adds a lost job. */
+export async function enqueueFanOut(deps: { producer: QueueProducer; logger?: Logger }, campaignId: string, at: Date, now: Date): Promise<void> {
+  try {
+    await deps.producer.add('campaigns', {
+      name: 'fan-out',
+      data: { campaignId },
+      jobId: campaignId,
+      opts: { ...CAMPAIGN_JOB_OPTIONS, delay: Math.max(0, at.getTime() - now.getTime()), attempts: 20, backoff: { type: 'exponential', delay: 2_000 } },
+    });
+  } catch (error) {
+    deps.logger?.warn({ err: error, campaignId }, 'campaign job not enqueued; the reconciler will enqueue it');
+  }
+}
+
+export function formatFrom(sender: { name: string; email: string }): string {
+  const name = sender.name.replace(/["\\\r\n]/g, '').trim();
+  return name ? `"${name}" <${sender.email}>` : sender.email;
+}
+
+/** Contract 8: one test email (source `test`), personalised for the test address. */
+export async function sendTestEmail(
+  em: EntityManager,
+  deps: { producer: QueueProducer; logger?: Logger; publicUrl: string; metrics?: Metrics },
+  organizationId: string,
+  id: string,
+  to: string,
+): Promise<{ id: string }> {
+  const campaign = await findCampaign(em, organizationId, id);
+  const sender = await senderOf(em, organizationId, campaign.senderId);
+  if (!sender) throw new ValidationError('senderId: the campaign has no sender; set senderId first', [{ path: 'senderId', message: 'no sender' }]);
+  // A test goes to an address that is not a subscriber: its unsubscribe link leads to a
+  // page that says the link is not valid, which is what a tester should see.
+  const lookup = variablesOf({ id: '', email: to, name: null, fields: {} }, `${deps.publicUrl}/u/test`);
+  // Test sends are rare and interactive: rendered here, the emails pipeline sends the HTML.
+  const template = renderCampaignTemplate(campaign);
+  const { ids } = await createEmails(em, deps, [
+    {
+      organizationId,
+      source: 'test',
+      campaignId: campaign.id,
+      from: formatFrom(sender),
+      to,
+      subject: fillSubject(campaign.subject || campaign.name, lookup),
+      contentKind: 'html',
+      content: fillHtml(template.html, lookup),
+      text: fillText(template.text, lookup),
+      replyTo: campaign.replyTo ? [campaign.replyTo] : null,
+    },
+  ]);
+  deps.metrics?.emailsAccepted.inc({ source: 'test' });
+  return { id: ids[0]! };
+}

@@ -1,0 +1,490 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRedis } from '../src/shared/redis.js';
+import { campaignEmailsProcessor, campaignsProcessor } from '../src/workers/campaigns.js';
+import { emailsProcessor } from '../src/workers/emails.js';
+import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { createSenderRow } from './helpers/campaigns.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+
+let ctx: TestContext;
+let sink: SmtpSink;
+let token: string;
+let orgId: string;
+let senderId: string;
+let workers: RunningWorkers | undefined;
+
+const UNSUB_MD = '\n\n[Unsubscribe]({{unsubscribe_url}})';
+
+beforeAll(async () => {
+  sink = await startSmtpSink();
+  ctx = await createTestContext({ MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, CAMPAIGN_FANOUT_PAGE: '3' });
+  ({ token, organizationId: orgId } = await createOrg(ctx.services));
+  senderId = await createSenderRow(ctx.services, orgId);
+});
+afterAll(async () => {
+  await workers?.close();
+  await ctx?.close();
+  await sink?.close();
+});
+
+function api(method: 'GET' | 'POST' | 'PATCH' | 'DELETE', url: string, body?: unknown, as = token) {
+  return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(as), ...(body === undefined ? {} : { payload: body as object }) });
+}
+
+async function createCampaign(body: Record<string, unknown>) {
+  const res = await api('POST', '/campaigns', { name: 'Newsletter', subject: 'Hello {{name}}', senderId, ...body });
+  expect(res.statusCode, res.body).toBe(200);
+  return res.json();
+}
+
+async function subscriber(email: string, extra: Record<string, unknown> = {}) {
+  const res = await api('POST', '/subscribers', { email, ...extra });
+  expect(res.statusCode, res.body).toBe(200);
+  return res.json();
+}
+
+async function waitFor<T>(check: () => Promise<T | undefined | false>, timeoutMs = 15_000): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > end) throw new Error('timed out');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function sql<T>(query: string, params: unknown[] = []): Promise<T[]> {
+  return ctx.services.orm.em.fork().execute(query, params, 'all') as Promise<T[]>;
+}
+
+async function startAllWorkers() {
+  workers ??= await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [
+    campaignsProcessor,
+    campaignEmailsProcessor,
+    emailsProcessor,
+  ] as never);
+}
+
+describe('POST/GET /api/v2/campaigns (contract 8)', () => {
+  it('creates a DRAFT with the get shape', async () => {
+    const body = await createCampaign({ content: `# Hi${UNSUB_MD}`, preview: 'Read me' });
+    expect(body).toMatchObject({
+      object: 'campaign',
+      name: 'Newsletter',
+      subject: 'Hello {{name}}',
+      status: 'DRAFT',
+      contentType: 'MARKDOWN',
+      preview: 'Read me',
+      senderId,
+      sender: { id: senderId, name: 'Acme News', email: 'news@example.test' },
+      recipientFilters: [],
+      emailsSentCount: 0,
+      scheduledAt: null,
+      sendAt: null,
+      replyTo: null,
+    });
+    expect(body.id).toMatch(/^cmp_[0-9a-z]{26}$/);
+    const got = await api('GET', `/campaigns/${body.id}`);
+    expect(got.statusCode).toBe(200);
+    expect(got.json().id).toBe(body.id);
+  });
+
+  it('refuses bad input with 422 naming the field, and writes nothing', async () => {
+    const before = (await sql<{ n: number }>('select count(*)::int as n from campaigns'))[0]!.n;
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ name: 'x'.repeat(101) }, 'name'],
+      [{ senderId: 'snd_01jxxxxxxxxxxxxxxxxxxxxxxx' }, 'senderId'],
+      [{ contentType: 'MAILY', content: '{not json' }, 'content'],
+      [{ contentType: 'MAILY', content: { type: 'paragraph' } }, 'content'],
+      [{ contentType: 'PLATE', content: { foo: 1 } }, 'content'],
+      [{ contentType: 'MARKDOWN', content: { type: 'doc' } }, 'content'],
+      [{ recipientFilters: [{ type: 'tag', op: 'maybe', value: 'x' }] }, 'recipientFilters.0.op'],
+      [{ recipientFilters: [{ type: 'field', name: 'plan', op: 'eq' }] }, 'recipientFilters.0.value'],
+      [{ recipientFilters: [{ type: 'segment' }] }, 'recipientFilters.0.type'],
+    ];
+    for (const [body, path] of cases) {
+      const res = await api('POST', '/campaigns', { name: 'Bad', ...body });
+      expect(res.statusCode, JSON.stringify(body)).toBe(422);
+      expect(res.json().name).toBe('validation_error');
+      expect(res.json().details.map((d: { path: string }) => d.path), JSON.stringify(body)).toContain(path);
+    }
+    expect((await sql<{ n: number }>('select count(*)::int as n from campaigns'))[0]!.n).toBe(before);
+  });
+
+  it('accepts MAILY and PLATE content as an object or a JSON string', async () => {
+    const plate = [{ type: 'p', children: [{ text: 'Hi' }] }];
+    const a = await createCampaign({ contentType: 'PLATE', content: JSON.stringify(plate) });
+    expect(a.content).toEqual(plate);
+    const maily = { type: 'doc', content: [{ type: 'paragraph', content: [{ type: 'text', text: 'Hi' }] }] };
+    const b = await createCampaign({ contentType: 'MAILY', content: maily });
+    expect(b.content).toEqual(maily);
+  });
+
+  it('lists newest first with limit, after and status', async () => {
+    const other = await createOrg(ctx.services, { name: 'Other' });
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const res = await api('POST', '/campaigns', { name: `c${i}` }, other.token);
+      ids.push(res.json().id);
+    }
+    const page1 = await api('GET', '/campaigns?limit=2', undefined, other.token);
+    expect(page1.json()).toMatchObject({ object: 'list', has_more: true });
+    expect(page1.json().data.map((c: { id: string }) => c.id)).toEqual([ids[2], ids[1]]);
+    const page2 = await api('GET', `/campaigns?limit=2&after=${ids[1]}`, undefined, other.token);
+    expect(page2.json()).toMatchObject({ has_more: false, data: [{ id: ids[0] }] });
+    expect((await api('GET', '/campaigns?status=SENT', undefined, other.token)).json().data).toEqual([]);
+    expect((await api('GET', '/campaigns?limit=0', undefined, other.token)).statusCode).toBe(422);
+    // Another organization's campaign is 404.
+    expect((await api('GET', `/campaigns/${ids[0]}`)).statusCode).toBe(404);
+    expect((await api('GET', '/campaigns/cmp_nope')).statusCode).toBe(404);
+  });
+
+  it('needs permission campaigns', async () => {
+    const limited = (await api('POST', '/tokens', { name: 'app', preset: 'app' })).json().token;
+    const res = await api('GET', '/campaigns', undefined, limited);
+    expect(res.statusCode).toBe(403);
+    expect(res.json().name).toBe('missing_permission');
+  });
+});
+
+describe('recipient filters and recipientCount (contract 8)', () => {
+  it('counts SUBSCRIBED contacts matching every filter, live for drafts', async () => {
+    const o = await createOrg(ctx.services, { name: 'Filters' });
+    const post = (body: unknown) => api('POST', '/subscribers', body, o.token);
+    await post({ email: 'a@f.test', tags: ['VIP'], fields: { plan: 'pro' } });
+    await post({ email: 'b@f.test', tags: ['vip'], fields: { plan: 'free' } });
+    await post({ email: 'c@f.test', fields: { plan: 'pro' } });
+    await post({ email: 'd@f.test' });
+    const e = (await post({ email: 'e@f.test', tags: ['VIP'], fields: { plan: 'pro' } })).json();
+    await api('POST', `/subscribers/${e.id}/unsubscribe`, {}, o.token);
+    const count = async (recipientFilters: unknown[]) => {
+      const res = await api('POST', '/campaigns', { name: 'f', recipientFilters }, o.token);
+      expect(res.statusCode, res.body).toBe(200);
+      return res.json().recipientCount;
+    };
+    expect(await count([])).toBe(4);
+    expect(await count([{ type: 'tag', op: 'has', value: 'vip' }])).toBe(2);
+    expect(await count([{ type: 'tag', op: 'not_has', value: 'VIP' }])).toBe(2);
+    expect(await count([{ type: 'field', name: 'plan', op: 'eq', value: 'pro' }])).toBe(2);
+    expect(await count([{ type: 'field', name: 'plan', op: 'neq', value: 'pro' }])).toBe(2);
+    expect(await count([{ type: 'field', name: 'plan', op: 'exists' }])).toBe(3);
+    expect(await count([{ type: 'field', name: 'plan', op: 'not_exists' }])).toBe(1);
+    expect(await count([{ type: 'tag', op: 'has', value: 'VIP' }, { type: 'field', name: 'plan', op: 'eq', value: 'pro' }])).toBe(1);
+    // Live: a new subscriber changes a draft's count.
+    const draft = (await api('POST', '/campaigns', { name: 'live' }, o.token)).json();
+    await post({ email: 'f@f.test' });
+    expect((await api('GET', `/campaigns/${draft.id}`, undefined, o.token)).json().recipientCount).toBe(5);
+  });
+});
+
+describe('PATCH /api/v2/campaigns/:id (spec 4.9)', () => {
+  it('changes a draft, lists updatedFields and warns about ignored fields', async () => {
+    const c = await createCampaign({ content: 'Hi' });
+    const res = await api('PATCH', `/campaigns/${c.id}`, { name: 'Renamed', subject: 'Hello {{name}}', scheduledAt: '2030-01-01T00:00:00Z', colour: 'red' });
+    expect(res.statusCode, res.body).toBe(200);
+    expect(res.json()).toMatchObject({ id: c.id, name: 'Renamed', status: 'DRAFT', updatedFields: ['name'] });
+    expect(res.json().warnings).toHaveLength(2);
+    const none = await api('PATCH', `/campaigns/${c.id}`, { name: 'Renamed' });
+    expect(none.json().updatedFields).toEqual([]);
+    expect(none.json().warnings).toBeUndefined();
+    const remapped = await api('PATCH', `/campaigns/${c.id}`, { contentType: 'PLATE', content: JSON.stringify([{ type: 'p', children: [{ text: 'x' }] }]) });
+    expect(remapped.json().updatedFields).toEqual(['content', 'contentType']);
+    expect(remapped.json().warnings).toHaveLength(1);
+  });
+
+  it('refuses invalid fields and non-drafts with 422, campaign unchanged', async () => {
+    const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    expect((await api('PATCH', `/campaigns/${c.id}`, { name: 'y'.repeat(101) })).statusCode).toBe(422);
+    expect((await api('PATCH', `/campaigns/${c.id}`, { contentType: 'MAILY' })).json().details[0].path).toBe('contentType');
+    expect((await api('PATCH', `/campaigns/${c.id}`, { senderId: 'snd_x' })).json().details[0].path).toBe('senderId');
+    expect((await api('GET', `/campaigns/${c.id}`)).json()).toMatchObject({ name: 'Newsletter', contentType: 'MARKDOWN' });
+    await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2099-01-01T00:00:00Z' });
+    const res = await api('PATCH', `/campaigns/${c.id}`, { name: 'late' });
+    expect(res.statusCode).toBe(422);
+    expect(res.json().name).toBe('validation_error');
+  });
+});
+
+describe('POST /api/v2/campaigns/:id/send (spec 4.11)', () => {
+  it('refuses with 400 naming the reason', async () => {
+    const noLink = await createCampaign({ content: 'Unsubscribe: {{unsubscribe_url}}' });
+    const r1 = await api('POST', `/campaigns/${noLink.id}/send`, {});
+    expect(r1.statusCode).toBe(400);
+    expect(r1.json()).toMatchObject({ name: 'validation_error', details: [{ path: 'content' }] });
+    const noSender = await createCampaign({ content: `Hi${UNSUB_MD}`, senderId: null });
+    expect((await api('POST', `/campaigns/${noSender.id}/send`, {})).json()).toMatchObject({ statusCode: 400, details: [{ path: 'senderId' }] });
+    const ok = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    const path = async (body: unknown) => {
+      const res = await api('POST', `/campaigns/${ok.id}/send`, body);
+      expect(res.statusCode, res.body).toBe(400);
+      return res.json().details[0].path;
+    };
+    expect(await path({ scheduledAt: '2001-01-01T00:00:00Z' })).toBe('scheduledAt');
+    expect(await path({ scheduledAt: 'next tuesday' })).toBe('scheduledAt');
+    expect(await path({ scheduledAt: '2030-02-30T10:00' })).toBe('scheduledAt');
+    expect(await path({ timezone: 'Mars/Olympus' })).toBe('timezone');
+    expect(await path({ extra: 1 })).toBeDefined();
+    expect((await api('GET', `/campaigns/${ok.id}`)).json().status).toBe('DRAFT');
+    const limited = (await api('POST', '/tokens', { name: 'marketing', preset: 'marketing' })).json().token;
+    expect((await api('POST', `/campaigns/${ok.id}/send`, {}, limited)).statusCode).toBe(403);
+  });
+
+  it('schedules a wall-clock time in the timezone, freezes recipientCount, and delays the job', async () => {
+    const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    const res = await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2030-01-15T09:00', timezone: 'America/New_York' });
+    expect(res.statusCode, res.body).toBe(200);
+    expect(res.json()).toEqual({
+      id: c.id,
+      campaignId: c.id,
+      subject: 'Hello {{name}}',
+      status: 'SCHEDULED',
+      scheduledAt: '2030-01-15T14:00:00.000Z',
+      timezone: 'America/New_York',
+      recipientCount: expect.any(Number),
+    });
+    const paris = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    const r2 = await api('POST', `/campaigns/${paris.id}/send`, { scheduledAt: '2030-07-15T09:00:00' });
+    expect(r2.json().scheduledAt).toBe('2030-07-15T07:00:00.000Z');
+    expect(r2.json().timezone).toBeUndefined();
+    const abs = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    expect((await api('POST', `/campaigns/${abs.id}/send`, { scheduledAt: '2030-07-15T09:00:00+02:00', timezone: 'Asia/Tokyo' })).json().scheduledAt).toBe(
+      '2030-07-15T07:00:00.000Z',
+    );
+    const job = await ctx.services.producer.queue('campaigns').getJob(c.id);
+    expect(await job?.getState()).toBe('delayed');
+    expect(job!.opts.delay).toBeGreaterThan(1e8);
+    const got = (await api('GET', `/campaigns/${c.id}`)).json();
+    expect(got).toMatchObject({ status: 'SCHEDULED', scheduledAt: '2030-01-15T14:00:00.000Z', timezone: 'America/New_York' });
+    const again = await api('POST', `/campaigns/${c.id}/send`, {});
+    expect(again.statusCode).toBe(400);
+    expect(again.json().details[0].path).toBe('status');
+  });
+
+  it('deletes a scheduled campaign and cancels its job', async () => {
+    const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2031-01-01T00:00:00Z' });
+    const res = await api('DELETE', `/campaigns/${c.id}`);
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({ object: 'campaign', id: c.id, deleted: true });
+    expect(await ctx.services.producer.queue('campaigns').getJob(c.id)).toBeUndefined();
+    expect((await api('GET', `/campaigns/${c.id}`)).statusCode).toBe(404);
+    expect((await api('DELETE', `/campaigns/${c.id}`)).statusCode).toBe(404);
+  });
+});
+
+describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (contract 8, 10)', () => {
+  const MAILY = {
+    type: 'doc',
+    content: [
+      { type: 'logo', attrs: { src: 'https://cdn.example.test/logo.png', alt: 'Acme', size: 'md', alignment: 'left' } },
+      { type: 'heading', attrs: { level: 1 }, content: [{ type: 'text', text: 'Maily news' }] },
+      {
+        type: 'paragraph',
+        content: [
+          { type: 'text', text: 'Hi ' },
+          { type: 'variable', attrs: { id: 'name' } },
+          { type: 'text', text: ', plan ' },
+          { type: 'variable', attrs: { id: 'fields.plan' } },
+          { type: 'text', text: ' see ' },
+          { type: 'text', text: 'our site', marks: [{ type: 'link', attrs: { href: 'https://example.test/site' } }, { type: 'bold' }] },
+        ],
+      },
+      { type: 'bulletList', content: [{ type: 'listItem', content: [{ type: 'paragraph', content: [{ type: 'text', text: 'item one' }] }] }] },
+      { type: 'image', attrs: { src: 'https://cdn.example.test/pic.png', alt: 'Picture' } },
+      { type: 'spacer', attrs: { height: 24 } },
+      { type: 'button', attrs: { text: 'Read more', url: 'https://example.test/more', alignment: 'center' } },
+      { type: 'columns', content: [{ type: 'column', attrs: { width: 50 }, content: [{ type: 'paragraph', content: [{ type: 'text', text: 'left col' }] }] }] },
+      { type: 'footer', content: [{ type: 'text', text: 'Unsubscribe', marks: [{ type: 'link', attrs: { href: '{{unsubscribe_url}}' } }] }] },
+    ],
+  };
+  const PLATE = [
+    { type: 'h2', children: [{ text: 'Plate news' }] },
+    { type: 'p', children: [{ text: 'Hi ' }, { text: '{{name}}', bold: true }, { text: ' on {{fields.plan}}, ' }, { type: 'a', url: 'https://example.test/p', children: [{ text: 'link' }] }] },
+    { type: 'blockquote', children: [{ text: 'quoted', italic: true }] },
+    { type: 'ul', children: [{ type: 'li', children: [{ type: 'lic', children: [{ text: 'plate item' }] }] }] },
+    { type: 'code_block', children: [{ type: 'code_line', children: [{ text: 'const a = 1;' }] }] },
+    { type: 'img', url: 'https://cdn.example.test/p.png', children: [{ text: '' }] },
+    { type: 'p', children: [{ type: 'a', url: '{{unsubscribe_url}}', children: [{ text: 'Unsubscribe' }] }] },
+  ];
+  const MARKDOWN = `# Markdown news\n\nHi **{{name}}** <{{email}}> on {{fields.plan}}, unknown "{{nope}}".\n\n- md item\n\n[Unsubscribe]({{unsubscribe_url}})`;
+
+  it.each([
+    ['MARKDOWN', MARKDOWN, 'Markdown news', ['md item']],
+    ['MAILY', MAILY, 'Maily news', ['item one', 'Read more', 'https://example.test/more', 'https://cdn.example.test/pic.png', 'left col']],
+    ['PLATE', PLATE, 'Plate news', ['plate item', 'const a = 1;', 'https://cdn.example.test/p.png', 'quoted']],
+  ] as const)('%s', async (contentType, content, heading, expected) => {
+    await startAllWorkers();
+    const tag = `t${contentType.toLowerCase()}`;
+    const domain = `${contentType.toLowerCase()}.test`;
+    // Matching: tagged and SUBSCRIBED; one has a name with HTML in it (escaped).
+    const matching = [
+      await subscriber(`ann@${domain}`, { name: 'Ann <b>&</b>', tags: [tag], fields: { plan: 'pro' } }),
+      await subscriber(`bob@${domain}`, { name: 'Bob', tags: [tag], fields: { plan: 'free' } }),
+      await subscriber(`cid@${domain}`, { tags: [tag] }),
+    ];
+    await subscriber(`out@${domain}`, { name: 'Not tagged' });
+    const gone = await subscriber(`gone@${domain}`, { tags: [tag] });
+    await api('POST', `/subscribers/${gone.id}/unsubscribe`, {});
+
+    const c = await createCampaign({ contentType, content, subject: 'News for {{name}}', recipientFilters: [{ type: 'tag', op: 'has', value: tag }] });
+    const sent = await api('POST', `/campaigns/${c.id}/send`, {});
+    expect(sent.statusCode, sent.body).toBe(200);
+    expect(sent.json().recipientCount).toBe(3);
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done).toMatchObject({ emailsSentCount: 3, recipientCount: 3 });
+    expect(done.sendAt).not.toBeNull();
+    const mails = await waitFor(async () => {
+      const got = sink.messages.filter((m) => m.to && JSON.stringify(m.to).includes(`@${domain}`));
+      return got.length >= 3 && got;
+    });
+    await new Promise((r) => setTimeout(r, 100));
+    expect(sink.messages.filter((m) => JSON.stringify(m.to).includes(`@${domain}`))).toHaveLength(3);
+    for (const s of matching) {
+      const mail = mails.find((m) => JSON.stringify(m.to).includes(s.email))!;
+      expect(mail, s.email).toBeDefined();
+      const html = String(mail.html);
+      expect(html).toContain(heading);
+      for (const e of expected) expect(html).toContain(e);
+      expect(mail.subject).toBe(`News for ${s.name ?? ''}`.trim());
+      if (s.name === 'Ann <b>&</b>') {
+        expect(html).toContain('Ann &lt;b&gt;&amp;&lt;/b&gt;');
+        expect(html).not.toContain('<b>&</b>');
+        expect(html).toContain('pro');
+      }
+      if (contentType === 'MARKDOWN') {
+        expect(html).toContain(s.email);
+        expect(html).toContain('unknown &quot;&quot;');
+      }
+      const listUnsub = mail.headerLines.find((h) => h.key === 'list-unsubscribe')?.line ?? '';
+      const url = /<(http[^>]+)>/.exec(listUnsub)![1]!;
+      expect(mail.headerLines.find((h) => h.key === 'list-unsubscribe-post')?.line).toBe('List-Unsubscribe-Post: List-Unsubscribe=One-Click');
+      expect(html).toContain(`href="${url}"`);
+      expect(html).not.toContain('unsubscribe_url');
+      const path = new URL(url).pathname;
+      // GET shows a confirm page and changes nothing.
+      const page = await ctx.app.inject({ method: 'GET', url: path });
+      expect(page.statusCode).toBe(200);
+      expect(page.body).toContain('<form method="post"');
+      expect((await api('GET', `/subscribers/${s.id}`)).json().status).toBe('SUBSCRIBED');
+      // RFC 8058 one-click POST unsubscribes.
+      const post = await ctx.app.inject({
+        method: 'POST',
+        url: path,
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        payload: 'List-Unsubscribe=One-Click',
+      });
+      expect(post.statusCode, post.body).toBe(200);
+      expect((await api('GET', `/subscribers/${s.id}`)).json().status).toBe('UNSUBSCRIBED');
+      // Forged: 404.
+      const forged = await ctx.app.inject({ method: 'POST', url: `${path.slice(0, -2)}xx` });
+      expect(forged.statusCode).toBe(404);
+      expect((await ctx.app.inject({ method: 'GET', url: '/u/forged.token' })).statusCode).toBe(404);
+    }
+    // Campaign emails are readable by id but not listed.
+    const [row] = await sql<{ id: string }>(`select id from emails where campaign_id = ? limit 1`, [c.id]);
+    const byId = await api('GET', `/emails/${row!.id}`);
+    expect(byId.statusCode).toBe(200);
+    const listed = (await api('GET', '/emails?limit=100')).json().data.map((e: { id: string }) => e.id);
+    expect(listed).not.toContain(row!.id);
+  });
+
+  it('sends a test email (source test), not listed', async () => {
+    await startAllWorkers();
+    const c = await createCampaign({ content: `Test **{{email}}**${UNSUB_MD}` });
+    const res = await api('POST', `/campaigns/${c.id}/test`, { to: 'tester@qa.test' });
+    expect(res.statusCode, res.body).toBe(200);
+    const mail = await waitFor(async () => sink.messages.find((m) => JSON.stringify(m.to).includes('tester@qa.test')));
+    expect(String(mail.html)).toContain('tester@qa.test');
+    const [row] = await sql<{ source: string }>('select source from emails where id = ?', [res.json().id]);
+    expect(row!.source).toBe('test');
+    expect((await api('GET', '/emails?limit=100')).json().data.map((e: { id: string }) => e.id)).not.toContain(res.json().id);
+    expect((await api('GET', `/campaigns/${c.id}`)).json().status).toBe('DRAFT');
+    expect((await api('POST', `/campaigns/${c.id}/test`, { to: 'nope' })).statusCode).toBe(422);
+  });
+});
+
+describe('fan-out edge cases', () => {
+  it('skips a recipient who unsubscribes during the fan-out and still completes', async () => {
+    // Only the fan-out runs: the emails stay queued until the send worker starts.
+    const o = await createOrg(ctx.services, { name: 'Edge' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'edge@edge.test');
+    await workers?.close();
+    workers = undefined;
+    const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
+    const subs = [];
+    for (const e of ['x1', 'x2', 'x3', 'x4']) subs.push((await api('POST', '/subscribers', { email: `${e}@edge.test` }, o.token)).json());
+    const c = (await api('POST', '/campaigns', { name: 'edge', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
+    await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    expect((await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json().status).toBe('SENDING');
+    await api('POST', `/subscribers/${subs[1].id}/unsubscribe`, {}, o.token);
+    await fanOnly.close();
+    await startAllWorkers();
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done.emailsSentCount).toBe(3);
+    const rows = await sql<{ to_address: string; status: string }>('select to_address, status from emails where campaign_id = ? order by to_address', [c.id]);
+    expect(rows.map((r) => r.status)).toEqual(['sent', 'failed', 'sent', 'sent']);
+    expect(sink.messages.some((m) => JSON.stringify(m.to).includes('x2@edge.test'))).toBe(false);
+  });
+
+  it('deleting a SENDING campaign stops the rest', async () => {
+    const o = await createOrg(ctx.services, { name: 'Stop' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'stop@stop.test');
+    for (const e of ['y1', 'y2']) await api('POST', '/subscribers', { email: `${e}@stop.test` }, o.token);
+    const c = (await api('POST', '/campaigns', { name: 'stop', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    // Move it to SENDING with emails queued but not sent: no send worker for this org's mail.
+    await workers?.close();
+    workers = undefined;
+    const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
+    await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
+    await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    expect((await api('DELETE', `/campaigns/${c.id}`, undefined, o.token)).json()).toEqual({ object: 'campaign', id: c.id, deleted: true });
+    await fanOnly.close();
+    await startAllWorkers();
+    await new Promise((r) => setTimeout(r, 300));
+    const rows = await sql<{ status: string; failure_reason: string }>('select status, failure_reason from emails where campaign_id = ?', [c.id]);
+    expect(rows.map((r) => r.status)).toEqual(['failed', 'failed']);
+    expect(sink.messages.some((m) => JSON.stringify(m.to).includes('@stop.test'))).toBe(false);
+  });
+});
+
+describe('reconciler (contract 15)', () => {
+  it('re-enqueues the job of a SCHEDULED campaign that Redis lost', async () => {
+    await startAllWorkers();
+    const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2032-01-01T00:00:00Z' });
+    const queue = ctx.services.producer.queue('campaigns');
+    await queue.remove(c.id);
+    expect(await queue.getJob(c.id)).toBeUndefined();
+    await ctx.services.producer.add('campaigns', { name: 'reconcile', data: {}, jobId: `reconcile-test-${c.id}` });
+    const job = await waitFor(async () => queue.getJob(c.id)).catch(async (e) => {
+      const r = await queue.getJob(`reconcile-test-${c.id}`);
+      throw new Error(`${e}: reconcile job ${await r?.getState()} ${r?.failedReason} ${JSON.stringify(r?.returnvalue)}`);
+    });
+    expect(await job.getState()).toBe('delayed');
+    expect(job.timestamp + (job.opts.delay ?? 0)).toBe(Date.parse('2032-01-01T00:00:00Z'));
+  });
+
+  it('resumes a SENDING campaign whose fan-out job was lost, and completes it', async () => {
+    await startAllWorkers();
+    const o = await createOrg(ctx.services, { name: 'Lost' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'lost@lost.test');
+    for (const e of ['z1', 'z2', 'z3']) await api('POST', '/subscribers', { email: `${e}@lost.test` }, o.token);
+    const c = (await api('POST', '/campaigns', { name: 'lost', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    // As if Redis lost everything after the worker had started the campaign.
+    await sql(`update campaigns set status = 'SENDING', send_at = now(), scheduled_at = now(), recipient_count = 3 where id = ?`, [c.id]);
+    await ctx.services.producer.add('campaigns', { name: 'reconcile', data: {}, jobId: `reconcile-test-${c.id}` });
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done.emailsSentCount).toBe(3);
+  });
+});
