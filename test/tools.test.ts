@@ -359,15 +359,9 @@ describe('subscriber tools', () => {
 });
 
 describe('campaign tools (list_campaigns, get_campaign, schedule_campaign)', () => {
-  // The campaigns endpoints land in their own branch: until then these tools answer the
-  // router's 404, which the last test checks; once they exist, the others run against them.
-  let landed = false;
   let senderId: string;
 
   beforeAll(async () => {
-    const probe = await v2('GET', '/api/v2/campaigns');
-    landed = !(probe.statusCode === 404 && /No route/.test(probe.json().message));
-    if (!landed) return;
     await v2('POST', '/api/v2/subscribers', { email: 'reader@example.com' });
     const sender = await v2('POST', '/api/v2/senders', { name: 'Acme News', email: 'news@one.example' });
     expect(sender.statusCode).toBe(200);
@@ -386,8 +380,7 @@ describe('campaign tools (list_campaigns, get_campaign, schedule_campaign)', () 
     return res.json().id;
   }
 
-  it('list_campaigns and get_campaign answer what v2 answers', async (t) => {
-    if (!landed) return t.skip();
+  it('list_campaigns and get_campaign answer what v2 answers', async () => {
     const id = await createCampaign('First');
     await createCampaign('Second');
     const list = await v2('GET', '/api/v2/campaigns?limit=1');
@@ -399,8 +392,7 @@ describe('campaign tools (list_campaigns, get_campaign, schedule_campaign)', () 
     expect(await runBoth(ctx, clients, otherToken, 'get_campaign', { campaignId: id })).toMatchObject({ statusCode: 404, body: { name: 'not_found' } });
   });
 
-  it('schedule_campaign schedules a draft over HTTP and over MCP, and refuses a non-draft with 400', async (t) => {
-    if (!landed) return t.skip();
+  it('schedule_campaign schedules a draft over HTTP and over MCP, and refuses a non-draft with 400', async () => {
     const scheduledAt = new Date(Date.now() + 3_600_000).toISOString();
     const overHttp = await createCampaign('Over HTTP');
     const res = await runOverHttp(ctx, token, 'schedule_campaign', { campaignId: overHttp, scheduledAt });
@@ -413,8 +405,21 @@ describe('campaign tools (list_campaigns, get_campaign, schedule_campaign)', () 
     expect(again).toMatchObject({ statusCode: 400, body: { name: 'validation_error' } });
   });
 
-  it("answers the endpoint's 403 without the send permission", async (t) => {
-    if (!landed) return t.skip();
+  it('lets an MCP client list the tools, verify an address and schedule a campaign (the issue, end to end)', async () => {
+    const client = await clients.for(token);
+    const { tools } = await client.listTools();
+    expect(tools.map((tool) => tool.name)).toEqual(expect.arrayContaining(['verify_email', 'schedule_campaign']));
+    const verified = await client.callTool({ name: 'verify_email', arguments: { email: 'jane@acme.io' } });
+    expect(verified.isError).toBeFalsy();
+    expect(verified.structuredContent).toMatchObject({ object: 'email_verification', accept: true });
+    const id = await createCampaign('End to end');
+    const scheduled = await client.callTool({ name: 'schedule_campaign', arguments: { campaignId: id } });
+    expect(scheduled.isError).toBeFalsy();
+    expect(scheduled.structuredContent).toMatchObject({ id, status: 'SCHEDULED' });
+    expect((await v2('GET', `/api/v2/campaigns/${id}`)).json().status).toBe('SCHEDULED');
+  });
+
+  it("answers the endpoint's 403 without the send permission", async () => {
     const marketing = await mint(['campaigns'], 'campaigns without send');
     const id = await createCampaign('Not sendable');
     expect(await runBoth(ctx, clients, marketing, 'schedule_campaign', { campaignId: id })).toMatchObject({
@@ -422,17 +427,6 @@ describe('campaign tools (list_campaigns, get_campaign, schedule_campaign)', () 
       body: { name: 'missing_permission' },
     });
     expect((await v2('GET', `/api/v2/campaigns/${id}`)).json().status).toBe('DRAFT');
-  });
-
-  it('answers the 404 of the missing endpoint while campaigns have not landed', async (t) => {
-    if (landed) return t.skip();
-    for (const [name, args] of [
-      ['list_campaigns', {}],
-      ['get_campaign', { campaignId: 'cmp_x' }],
-      ['schedule_campaign', { campaignId: 'cmp_x' }],
-    ] as const) {
-      expect(await runBoth(ctx, clients, token, name, args)).toMatchObject({ statusCode: 404, body: { name: 'not_found' } });
-    }
   });
 });
 
