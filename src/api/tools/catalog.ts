@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { SUBSCRIBER_STATUSES } from '../../shared/db/entities/subscriber.js';
 import { SendEmailBody } from '../../shared/emails/input.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
+import { SendBody as SendCampaignBody } from '../routes/campaigns.js';
 import { CreateBody as CreateSubscriberBody, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
 import { VerifyBody } from '../routes/verification.js';
 import { segment, type EndpointRequest } from './dispatch.js';
@@ -63,15 +64,7 @@ const Limit = z.number().int().min(1).max(100);
 
 const Id = (what: string) => z.string().min(1).describe(what);
 
-// ---- Endpoint schemas: the route files' own, where the route exists. ----
-
-// The campaigns route declares its send body inline (spec 4.11); once it exports it, use it here.
-const SendCampaignBody = z.object({
-  scheduledAt: z.string().max(100).optional().describe('ISO 8601; omit to send now; without an offset, a wall-clock time in timezone'),
-  timezone: z.string().optional().describe('IANA name, default Europe/Paris'),
-});
-
-// ---- The catalog ----
+// ---- The catalog: argument schemas are the route files' own exports wherever they exist ----
 
 export const tools: Tool[] = [
   defineTool({
