@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { CAMPAIGN_STATUSES } from '../../shared/db/entities/campaign.js';
 import { SUBSCRIBER_STATUSES } from '../../shared/db/entities/subscriber.js';
 import { SendEmailBody } from '../../shared/emails/input.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
@@ -160,7 +161,7 @@ export const tools: Tool[] = [
     inputSchema: z.object({
       limit: Limit.optional().describe('1 to 100, default 20'),
       after: z.string().optional().describe('A campaign id: list campaigns older than it'),
-      status: z.enum(['DRAFT', 'ARCHIVED', 'SCHEDULED', 'SENDING', 'SENT', 'FAILED']).optional(),
+      status: z.enum(CAMPAIGN_STATUSES).optional(),
     }),
     readOnly: true,
     toRequest: (query) => ({ method: 'GET', url: '/api/v2/campaigns', query }),
