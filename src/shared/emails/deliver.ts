@@ -239,7 +239,7 @@ export async function deliverEmail(
     }
     // Not handed over (or refused with an answer): release the claim so the retry can take
     // it again, and the fence with it.
-    await fence?.clear([emailId]);
+    await fence?.clear([emailId]).catch(() => {});
     await store.finish(emailId, `status = 'queued', failure_reason = ?`, [reason]);
     throw new RetryLaterError(reason, kind === 'throttle');
   }
