@@ -196,6 +196,7 @@ export async function deliverEmail(
   const messageId = `${row.id}@${fromDomain}`;
   const fence = store.fence;
   let fenceLost = false;
+  let fenceError: unknown;
   let committed = false;
   let delivered: boolean;
   try {
@@ -214,7 +215,14 @@ export async function deliverEmail(
       headers: row.headers,
       beforeCommit: fence
         ? async () => {
-            if (!(await fence.commit(emailId, expected))) {
+            let owned: boolean;
+            try {
+              owned = await fence.commit(emailId, expected);
+            } catch (error) {
+              fenceError = error;
+              throw error;
+            }
+            if (!owned) {
               fenceLost = true;
               throw new FenceLostError(emailId);
             }
@@ -225,6 +233,13 @@ export async function deliverEmail(
   } catch (error) {
     // Another worker took the email over while this one was slow: it sends it, not us.
     if (fenceLost) return { outcome: 'skipped', status: 'sending' };
+    if (fenceError !== undefined) {
+      // Redis did not answer before the final `.`: nothing was handed over. The claim is
+      // released and Redis's error rethrown, so the runner puts the job back without
+      // spending an attempt (a Redis outage never fails an email).
+      await store.finish(emailId, `status = 'queued'`, []);
+      throw fenceError;
+    }
     const { kind, reason } = classifySendError(error);
     if (committed && typeof (error as { responseCode?: unknown }).responseCode !== 'number') {
       // The final `.` went out but no answer came back (connection lost, timeout): the
