@@ -4,6 +4,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } from 'fastify';
 import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
+import { registerAgentInterfaces } from './agents.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { registerErrorHandling } from './plugins/errors.js';
@@ -108,6 +109,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     },
     { prefix: '/api/v2' },
   );
+  await registerAgentInterfaces(app, services, tokenCache, rateLimiter);
 
   return app as unknown as App;
 }

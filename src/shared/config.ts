@@ -66,6 +66,8 @@ const envSchema = z
       .transform((v) => (v ?? '').split(',').map((s) => s.trim().toLowerCase().replace(/\.$/, '')).filter(Boolean)),
     RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
+    EMAIL_RECONCILE_EVERY_MS: optionalPositiveInt,
+    EMAIL_RECONCILE_GRACE_MS: z.coerce.number().int().min(0).optional(),
     WORKER_QUEUES: z
       .string()
       .optional()
@@ -114,6 +116,9 @@ export interface Config {
   rateLimitPerSecond: number;
   workerQueues?: string[];
   workerMetricsPort?: number;
+  /** How often the email reconciler runs, and how old a queued email must be for it. */
+  emailReconcileEveryMs?: number;
+  emailReconcileGraceMs?: number;
   providerWebhookSecret?: string;
   adminPassword?: string;
   allowUnverifiedDomains: boolean;
@@ -161,6 +166,8 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     rateLimitPerSecond: e.RATE_LIMIT_PER_SECOND,
     workerQueues: e.WORKER_QUEUES,
     workerMetricsPort: e.WORKER_METRICS_PORT,
+    emailReconcileEveryMs: e.EMAIL_RECONCILE_EVERY_MS,
+    emailReconcileGraceMs: e.EMAIL_RECONCILE_GRACE_MS,
     providerWebhookSecret: e.PROVIDER_WEBHOOK_SECRET,
     adminPassword: e.ADMIN_PASSWORD,
     allowUnverifiedDomains: e.ALLOW_UNVERIFIED_DOMAINS ?? e.NODE_ENV !== 'production',

@@ -1,6 +1,7 @@
 import { DelayedError } from 'bullmq';
 import type { Services } from '../shared/container.js';
 import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError } from '../shared/emails/deliver.js';
+import { HandoverFence } from '../shared/emails/handover.js';
 import { sendGateOf } from '../shared/outcomes/send-gate.js';
 import { purgeIdempotencyKeys, queueForSource, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
@@ -8,9 +9,9 @@ import { defineProcessor, type JobContext, type QueueProcessor } from './runner.
 export interface EmailProcessorOptions {
   /** Emails handed over at once by one worker process. */
   concurrency?: number;
-  /** How often the reconciler runs. */
+  /** How often the reconciler runs (else EMAIL_RECONCILE_EVERY_MS, else a minute). */
   reconcileEveryMs?: number;
-  /** A queued email younger than this is left to its (maybe still coming) job. */
+  /** A queued email younger than this is left to its (maybe still coming) job (else EMAIL_RECONCILE_GRACE_MS). */
   reconcileGraceMs?: number;
   /** A claimed (`sending`) row older than this was interrupted. */
   sendLeaseMs?: number;
@@ -25,6 +26,14 @@ const DEFAULTS: Required<EmailProcessorOptions> = {
   sendLeaseMs: 10 * 60_000,
 };
 const PURGE_EVERY_MS = 3_600_000;
+
+// A worker that dies (SIGKILL, OOM, lost host) holds its jobs' locks until they expire; then
+// BullMQ's stalled-job check hands them to another worker, and the fence (handover.ts) tells
+// that worker what the dead one got done. A short lock bounds that wait (default 30 s + 30 s);
+// the lock is renewed every half of it, so only a worker whose event loop is blocked for
+// 10 s loses it while alive, and even then the fence keeps the email from going out twice.
+// Stalls are not the job's fault (the handler is idempotent): allowed many times.
+const SEND_WORKER_OPTIONS = { lockDuration: 10_000, stalledInterval: 5_000, maxStalledCount: 10 };
 const RECONCILE_PAGE = 1_000;
 
 // Provider throttling (421/450/454...): retried after 5 s, 10 s, 20 s ... capped at 15 min,
@@ -42,7 +51,7 @@ const stores = new WeakMap<Services, DeliveryStore>();
 function storeOf(services: Services): DeliveryStore {
   let store = stores.get(services);
   if (!store) {
-    store = new DeliveryStore(services.orm);
+    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix));
     stores.set(services, store);
   }
   return store;
@@ -82,6 +91,7 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
   return defineProcessor({
     queue,
     concurrency: o.concurrency,
+    workerOptions: SEND_WORKER_OPTIONS,
     handlers: {
       send,
       'send-batch': async (payload, ctx) => {
@@ -89,12 +99,13 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
         return { enqueued: payload.emailIds.length };
       },
       reconcile: async (_payload, ctx) => {
-        const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs);
+        const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs, storeOf(ctx.services).fence);
+        const graceMs = options.reconcileGraceMs ?? ctx.services.config.emailReconcileGraceMs ?? o.reconcileGraceMs;
         if (interrupted > 0) ctx.log.warn({ interrupted }, 'failed emails interrupted mid hand-over');
         let afterId: string | undefined;
         let requeued = 0;
         for (;;) {
-          const page = await queuedEmailsPage(ctx.em, { graceMs: o.reconcileGraceMs, afterId, limit: RECONCILE_PAGE });
+          const page = await queuedEmailsPage(ctx.em, { graceMs, afterId, limit: RECONCILE_PAGE });
           if (page.length === 0) break;
           afterId = page[page.length - 1]!.id;
           requeued += await requeueMissing(ctx, page);
@@ -112,7 +123,7 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
       if (rate) await producerQueue.setGlobalRateLimit(rate, 1_000);
       else await producerQueue.removeGlobalRateLimit();
       if (queue === 'emails') {
-        await producerQueue.upsertJobScheduler('emails-reconcile', { every: o.reconcileEveryMs }, { name: 'reconcile', data: {} });
+        await producerQueue.upsertJobScheduler('emails-reconcile', { every: options.reconcileEveryMs ?? services.config.emailReconcileEveryMs ?? o.reconcileEveryMs }, { name: 'reconcile', data: {} });
         await producerQueue.upsertJobScheduler('emails-purge-idempotency-keys', { every: PURGE_EVERY_MS }, { name: 'purge-idempotency-keys', data: {} });
       }
     },

@@ -113,6 +113,15 @@ export async function startWorkers(
     workers.push(worker);
   }
   for (const processor of chosen) await processor.onStart?.(services);
+  // A Redis that comes back empty (restarted without persistence, FLUSHALL) has lost the job
+  // schedulers (e.g. the email reconciler): upserted again whenever the connection is ready
+  // again (idempotent, so a mere reconnect costs a few commands).
+  const reinstall = () => {
+    for (const processor of chosen) {
+      processor.onStart?.(services).catch((error: unknown) => services.logger.warn({ err: error, queue: processor.queue }, 'could not set up the queue again after a reconnect'));
+    }
+  };
+  services.redis.on('ready', reinstall);
 
   return {
     queues: chosen.map((p) => p.queue),
@@ -121,6 +130,7 @@ export async function startWorkers(
       return guard.down;
     },
     async close() {
+      services.redis.off('ready', reinstall);
       guard.stop();
       await Promise.all(workers.map((w) => w.close()));
     },

@@ -87,6 +87,12 @@ function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.i
 }
 
 const Params = z.object({ campaignId: z.string().max(100) });
+
+/** Spec 4.11; also the `schedule_campaign` tool's arguments (src/api/tools/catalog.ts). */
+export const SendBody = z.strictObject({
+  scheduledAt: z.string().max(100).optional().describe('ISO 8601; without an offset, a wall-clock time in timezone'),
+  timezone: z.string().max(100).optional().describe('IANA time zone, default Europe/Paris'),
+});
 const tags = ['campaigns'];
 
 export async function campaignsRoutes(app: App): Promise<void> {
@@ -192,12 +198,7 @@ export async function campaignsRoutes(app: App): Promise<void> {
         tags,
         summary: 'Send or schedule a campaign',
         params: Params,
-        body: z
-          .strictObject({
-            scheduledAt: z.string().max(100).optional().describe('ISO 8601; without an offset, a wall-clock time in timezone'),
-            timezone: z.string().max(100).optional().describe('IANA time zone, default Europe/Paris'),
-          })
-          .optional(),
+        body: SendBody.optional(),
         response: {
           200: z.object({
             id: z.string(),

@@ -44,8 +44,8 @@ const WritableFields = {
   country: CountryCode.optional(),
 };
 
-const CreateBody = z.object({ email: EmailAddress, ...WritableFields });
-const PatchBody = z.object({ email: EmailAddress.optional(), ...WritableFields });
+export const CreateBody = z.object({ email: EmailAddress, ...WritableFields });
+export const PatchBody = z.object({ email: EmailAddress.optional(), ...WritableFields });
 const TagsBody = z.object({ tags: z.array(z.string()).min(1).max(TAGS_MAX, `at most ${TAGS_MAX} tags`), triggerWorkflows: z.boolean().optional() });
 const UnsubscribeBody = z.object({ triggerWorkflows: z.boolean().optional() }).nullish();
 

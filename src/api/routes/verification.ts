@@ -3,7 +3,7 @@ import { verificationDeps, verifyEmail } from '../../shared/verification/index.j
 import { Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 
-const VerifyBody = z.object({
+export const VerifyBody = z.object({
   // Any string is checked and answered with 200 (an impossible one is `invalid_format`);
   // only a missing or non-string `email` is a 422 (spec 4.3).
   email: z.string({ error: 'email is required and must be a string' }),

@@ -2,6 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { ContentKind } from '../db/entities/email.js';
 import type { Orm } from '../db/orm.js';
 import { Coalescer } from './coalescer.js';
+import { FenceLostError, type HandoverFence } from './handover.js';
 import type { Logger } from '../logger.js';
 import { mailboxDomain } from './addresses.js';
 import { renderEmail } from './render.js';
@@ -57,7 +58,11 @@ export class DeliveryStore {
   private readonly claims: Coalescer<string, ClaimedRow | undefined>;
   private readonly sent: Coalescer<SentRecord, void>;
 
-  constructor(private readonly orm: Orm) {
+  constructor(
+    private readonly orm: Orm,
+    /** Without one (unit use), a `sending` row found by a job is never taken over. */
+    readonly fence?: HandoverFence,
+  ) {
     this.claims = new Coalescer(async (ids) => {
       // The same id twice in one statement would be claimed once but returned to both
       // callers: only its first caller gets the row.
@@ -97,6 +102,8 @@ export class DeliveryStore {
          where c.id = s.campaign_id`,
         [JSON.stringify(records)],
       );
+      // The status says sent now: the fence keys have done their work (they expire anyway).
+      await this.fence?.clear(records.map((r) => r.id)).catch(() => {});
       return records.map(() => undefined);
     });
   }
@@ -113,6 +120,21 @@ export class DeliveryStore {
   /** queued -> sending; undefined when the row is not queued (already claimed, sent or failed). */
   claim(id: string): Promise<ClaimedRow | undefined> {
     return this.claims.submit(id);
+  }
+
+  /**
+   * Takes over a `sending` row whose job ran before and lost its lock (its worker died or
+   * stalled): a new claim time and attempt; undefined when it is no longer `sending`.
+   */
+  async reclaim(id: string): Promise<ClaimedRow | undefined> {
+    const [row] = await this.orm.em.fork().execute<ClaimedRow[]>(
+      `update emails set claimed_at = now(), attempts = attempts + 1, updated_at = now()
+       where id = ? and status = 'sending'
+       returning id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
+      [id],
+      'all',
+    );
+    return row;
   }
 
   markSent(record: SentRecord): Promise<void> {
@@ -132,8 +154,11 @@ export class DeliveryStore {
 
 /**
  * Hands one email to the provider at most once (contract 15). The row is claimed with a
- * conditional update (queued -> sending) before anything is sent, so a retry, a stalled job
- * or a second worker that finds it already claimed, sent or failed sends nothing.
+ * conditional update (queued -> sending) before anything is sent, so a retry or a second
+ * worker that finds it sent or failed sends nothing. A run that finds it `sending` (the
+ * job's earlier run lost its lock: its worker died) asks the hand-over fence (handover.ts):
+ * never committed -> taken over and sent; accepted -> only recorded; `dot` (the final `.`
+ * may have reached the provider) -> left alone, never sent twice.
  *
  * - accepted: status sent (the file transport also marks it delivered), Message-ID, the
  *   rendered HTML and text stored;
@@ -147,8 +172,37 @@ export async function deliverEmail(
   emailId: string,
   options: { finalAttempt: boolean; log?: Logger; /** Adds open/click tracking to the HTML handed over (not stored). */ decorateHtml?: (html: string) => string },
 ): Promise<DeliverOutcome> {
-  const row = await store.claim(emailId);
-  if (!row) return { outcome: 'skipped', status: await store.status(emailId) };
+  let row = await store.claim(emailId);
+  // The reclaim token when this run took the email over from a dead worker.
+  let expected: string | undefined;
+  if (!row) {
+    const status = await store.status(emailId);
+    if (status !== 'sending' || !store.fence) return { outcome: 'skipped', status };
+    // Claimed by an earlier run of this job that lost its lock: its worker died (SIGKILL,
+    // OOM, host lost) or stalled. The fence tells how far that hand-over got.
+    const taken = await store.fence.reclaim(emailId);
+    if ('current' in taken) {
+      if (taken.current.startsWith('accepted:')) {
+        // The provider has it; only the status write was lost.
+        const accepted = await store.reclaim(emailId);
+        if (!accepted) return { outcome: 'skipped', status: await store.status(emailId) };
+        const rendered = renderEmail({ contentKind: accepted.content_kind, content: accepted.content, subject: accepted.subject, preview: accepted.preview, text: accepted.text });
+        const messageId = taken.current.slice('accepted:'.length);
+        const delivered = transport.kind === 'file';
+        await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
+        options.log?.info({ emailId }, 'recorded the send of an email a dead worker had handed over');
+        return { outcome: delivered ? 'delivered' : 'sent', messageId };
+      }
+      // `dot:`: the provider may or may not have it (never sent again: the reconciler fails
+      // it after the lease); `reclaim:`: another worker took it over.
+      options.log?.warn({ emailId, fence: taken.current.split(':')[0] }, 'email claimed by another worker; not sent again');
+      return { outcome: 'skipped', status };
+    }
+    expected = taken.token;
+    row = await store.reclaim(emailId);
+    if (!row) return { outcome: 'skipped', status: await store.status(emailId) };
+    options.log?.info({ emailId }, 'took over an email a dead worker had claimed but not handed over');
+  }
 
   let rendered: { html: string; text: string };
   try {
@@ -161,6 +215,10 @@ export async function deliverEmail(
 
   const fromDomain = mailboxDomain(row.from_address);
   const messageId = `${row.id}@${fromDomain}`;
+  const fence = store.fence;
+  let fenceLost = false;
+  let fenceError: unknown;
+  let committed = false;
   let delivered: boolean;
   try {
     ({ delivered } = await transport.send({
@@ -177,18 +235,55 @@ export async function deliverEmail(
       messageId,
       fromDomain,
       headers: row.headers,
+      beforeCommit: fence
+        ? async () => {
+            let owned: boolean;
+            try {
+              owned = await fence.commit(emailId, expected);
+            } catch (error) {
+              fenceError = error;
+              throw error;
+            }
+            if (!owned) {
+              fenceLost = true;
+              throw new FenceLostError(emailId);
+            }
+            committed = true;
+          }
+        : undefined,
     }));
   } catch (error) {
+    // Another worker took the email over while this one was slow: it sends it, not us.
+    if (fenceLost) return { outcome: 'skipped', status: 'sending' };
+    if (fenceError !== undefined) {
+      // Redis did not answer before the final `.`: nothing was handed over. The claim is
+      // released and Redis's error rethrown, so the runner puts the job back without
+      // spending an attempt (a Redis outage never fails an email).
+      await store.finish(emailId, `status = 'queued'`, []);
+      throw fenceError;
+    }
     const { kind, reason } = classifySendError(error);
+    if (committed && typeof (error as { responseCode?: unknown }).responseCode !== 'number') {
+      // The final `.` went out but no answer came back (connection lost, timeout): the
+      // provider may have the message. Failed rather than risk sending it twice.
+      const ambiguous = `connection lost after the message was handed over (${reason}); not retried so that it is never sent twice`.slice(0, 1000);
+      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [ambiguous]);
+      return { outcome: 'failed', reason: ambiguous };
+    }
     if (kind === 'permanent' || (kind === 'transient' && options.finalAttempt)) {
       await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
       return { outcome: 'failed', reason };
     }
-    // Not handed over: release the claim so the retry can take it again.
+    // Not handed over (or refused with an answer): release the claim so the retry can take
+    // it again, and the fence with it.
+    await fence?.clear([emailId]).catch(() => {});
     await store.finish(emailId, `status = 'queued', failure_reason = ?`, [reason]);
     throw new RetryLaterError(reason, kind === 'throttle');
   }
 
+  // Recorded in Redis at once (one round trip), so that a worker dying before the
+  // group-committed status write leaves an email the next run records instead of failing.
+  await fence?.accepted(emailId, messageId).catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
   await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
 }
@@ -215,15 +310,36 @@ async function recordSent(store: DeliveryStore, record: SentRecord, log?: Logger
 
 /**
  * Reconciler, part 1: rows claimed (`sending`) longer ago than `leaseMs` were interrupted
- * mid hand-over (the worker died); they are failed rather than risk a duplicate.
+ * mid hand-over (the worker died and its job is gone too). Those the fence says the
+ * provider accepted are recorded sent; the others are failed rather than risk a duplicate.
  */
-export async function failInterruptedEmails(em: EntityManager, leaseMs: number): Promise<number> {
+export async function failInterruptedEmails(em: EntityManager, leaseMs: number, fence?: HandoverFence): Promise<number> {
+  const stale = await em.execute<{ id: string }[]>(
+    `select id from emails where status = 'sending' and claimed_at < now() - (? * interval '1 millisecond') order by id limit 10000`,
+    [leaseMs],
+    'all',
+  );
+  if (stale.length === 0) return 0;
+  const markers = fence ? await fence.readMany(stale.map((r) => r.id)) : [];
+  const accepted = stale.flatMap((r, i) => (markers[i]?.startsWith('accepted:') ? [{ id: r.id, message_id: markers[i]!.slice('accepted:'.length) }] : []));
+  if (accepted.length > 0) {
+    await em.execute(
+      `update emails e set status = 'sent', message_id = v.message_id, sent_at = now(), failure_reason = null, updated_at = now()
+       from jsonb_to_recordset(?::jsonb) as v(id text, message_id text)
+       where e.id = v.id and e.status = 'sending'`,
+      [JSON.stringify(accepted)],
+      'run',
+    );
+  }
+  const acceptedIds = new Set(accepted.map((a) => a.id));
+  const rest = stale.map((r) => r.id).filter((id) => !acceptedIds.has(id));
+  if (rest.length === 0) return 0;
   const rows = await em.execute<{ id: string }[]>(
     `update emails set status = 'failed', updated_at = now(),
        failure_reason = 'interrupted while being handed to the provider; not retried so that it is never sent twice'
-     where status = 'sending' and claimed_at < now() - (? * interval '1 millisecond')
+     where status = 'sending' and id in (select jsonb_array_elements_text(?::jsonb)) and claimed_at < now() - (? * interval '1 millisecond')
      returning id`,
-    [leaseMs],
+    [JSON.stringify(rest), leaseMs],
     'all',
   );
   return rows.length;

@@ -1,6 +1,7 @@
 import { mkdir, rename, writeFile } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
+import { Readable } from 'node:stream';
 import nodemailer, { type SendMailOptions, type Transporter } from 'nodemailer';
 import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import type DKIM from 'nodemailer/lib/dkim/index.js';
@@ -25,6 +26,12 @@ export interface OutgoingMessage {
   /** Domain of the From address; selects the DKIM key. */
   fromDomain: string;
   headers?: Record<string, string>;
+  /**
+   * Awaited right before the message is committed (SMTP: before the final `.` of DATA, so
+   * the relay cannot have it yet); when it throws, the hand-over is aborted and the relay
+   * discards the message.
+   */
+  beforeCommit?: () => Promise<void>;
 }
 
 export interface SendResult {
@@ -102,6 +109,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
         const file = join(config.outboxDir, `${message.id}.eml`);
         // Write then rename, so a reader never sees half a message.
         await writeFile(`${file}.tmp`, info.message as Buffer);
+        await message.beforeCommit?.();
         await rename(`${file}.tmp`, file);
         return { delivered: true, response: `written to ${file}` };
       },
@@ -124,6 +132,17 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
     greetingTimeout: 10_000,
     socketTimeout: 60_000,
   });
+  // The pool reads a message's stream only once the relay answered DATA with 354; its end is
+  // held until `beforeCommit` resolves, so the final `.` follows it.
+  transporter.use('stream', (mail, done) => {
+    const hook = (mail.data as { beforeCommit?: () => Promise<void> }).beforeCommit;
+    if (hook) {
+      const node = mail.message as unknown as { createReadStream(options?: unknown): Readable };
+      const original = node.createReadStream.bind(node);
+      node.createReadStream = (options?: unknown) => holdEnd(original(options), hook);
+    }
+    done();
+  });
   return {
     kind: 'smtp',
     async send(message) {
@@ -134,7 +153,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       // was the largest single cost of building a message.
       const node = new MailComposer({ ...mail, textEncoding: 'base64' }).compile();
       const raw = await node.build();
-      const info = await transporter.sendMail({ raw, envelope: node.getEnvelope(), dkim: key });
+      const info = await transporter.sendMail({ raw, envelope: node.getEnvelope(), dkim: key, beforeCommit: message.beforeCommit } as SendMailOptions);
       return { delivered: false, response: info.response };
     },
     setDkimResolver(resolver) {
@@ -144,6 +163,31 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       transporter.close();
     },
   };
+}
+
+/** `inner`, read lazily, whose end waits for `hook` (and becomes an error when it throws). */
+function holdEnd(inner: Readable, hook: () => Promise<void>): Readable {
+  let started = false;
+  const out: Readable = new Readable({
+    read() {
+      if (started) {
+        inner.resume();
+        return;
+      }
+      started = true;
+      inner.on('data', (chunk: Buffer) => {
+        if (!out.push(chunk)) inner.pause();
+      });
+      inner.once('end', () => {
+        hook().then(
+          () => out.push(null),
+          (error: unknown) => out.destroy(error as Error),
+        );
+      });
+      inner.once('error', (error) => out.destroy(error));
+    },
+  });
+  return out;
 }
 
 /** `smtp://user:pass@host:port` or `smtps://...` to nodemailer's connection options. */

@@ -1,0 +1,17 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Services } from '../../shared/container.js';
+import { authenticate, rateLimit, type RateLimiter, type TokenCache } from '../plugins/auth.js';
+
+/**
+ * onRequest hook of the layers that dispatch v2 requests in-process (tool runner, MCP, v1):
+ * the bearer token is checked first (401 `missing_api_key` before anything else), but the
+ * request is not counted against the rate limit here, because every endpoint request it
+ * dispatches is counted by the endpoint itself: one tool call or one v1 call is one request.
+ * Pass `counted: true` for routes of these layers that dispatch nothing (the tool list).
+ */
+export function callerHook(services: Services, cache: TokenCache, limiter: RateLimiter, options: { counted: boolean }) {
+  return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    request.caller = await authenticate(services, cache, request);
+    if (options.counted) await rateLimit(limiter, request.caller, reply);
+  };
+}

@@ -1,0 +1,85 @@
+import { Server } from '@modelcontextprotocol/sdk/server/index.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { CallToolRequestSchema, ListToolsRequestSchema, type CallToolResult, type Tool as McpTool } from '@modelcontextprotocol/sdk/types.js';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { rateLimit, type RateLimiter } from '../plugins/auth.js';
+import { errorBody } from '../plugins/errors.js';
+import type { App } from '../types.js';
+import { tools, type Tool } from './catalog.js';
+import { runTool } from './run.js';
+
+const SERVER_INFO = { name: 'mailroom', version: '2.0.0' };
+
+function describe(tool: Tool): McpTool {
+  return {
+    name: tool.name,
+    description: `${tool.description} (needs the "${tool.permission}" permission)`,
+    inputSchema: tool.jsonSchema as McpTool['inputSchema'],
+    annotations: {
+      readOnlyHint: tool.readOnly,
+      // MCP's default for a non-read tool is destructive: say false explicitly for the rest.
+      destructiveHint: tool.destructive,
+      openWorldHint: tool.destructive || tool.name === 'verify_email',
+    },
+  };
+}
+
+/**
+ * One MCP server per HTTP request (stateless Streamable HTTP): its tools run as the caller
+ * of that request, with the caller's own bearer token, through the same runner as
+ * `POST /api/v2/tools/{name}`.
+ */
+function serverFor(app: App, request: FastifyRequest): Server {
+  const server = new Server(SERVER_INFO, {
+    capabilities: { tools: {} },
+    instructions: 'mailroom: transactional email, subscribers, campaigns, sending domains and address verification.',
+  });
+  server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: tools.map(describe) }));
+  server.setRequestHandler(CallToolRequestSchema, async (call): Promise<CallToolResult> => {
+    const result = await runTool(app, request, call.params.name, call.params.arguments ?? {});
+    const body = result.body ?? errorBody(result.statusCode, 'internal_error', 'Empty response');
+    return {
+      content: [{ type: 'text', text: JSON.stringify(body) }],
+      ...(result.statusCode >= 400 ? { isError: true } : isObject(body) ? { structuredContent: body } : {}),
+    };
+  });
+  return server;
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** A JSON-RPC message (or batch) that only runs tools: those are counted by their endpoint. */
+function onlyToolCalls(body: unknown): boolean {
+  const messages = Array.isArray(body) ? body : [body];
+  return messages.length > 0 && messages.every((m) => isObject(m) && m.method === 'tools/call');
+}
+
+/**
+ * `/mcp`: the tool catalog over MCP Streamable HTTP, stateless (no session id).
+ * A `tools/call` is counted against the rate limit by the endpoint it dispatches to; any
+ * other message (initialize, tools/list, ...) is counted here, once.
+ */
+export function mcpRoutes(limiter: RateLimiter) {
+  return async (app: App): Promise<void> => {
+    app.post('/mcp', { schema: { hide: true } }, async (request, reply) => {
+      if (!onlyToolCalls(request.body)) await rateLimit(limiter, request.caller, reply);
+      const server = serverFor(app, request);
+      const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+      reply.hijack();
+      reply.raw.on('close', () => {
+        void transport.close();
+        void server.close();
+      });
+      await server.connect(transport);
+      await transport.handleRequest(request.raw, reply.raw, request.body);
+    });
+
+    // Stateless: no server-initiated stream to GET, no session to DELETE.
+    const notAllowed = async (_request: FastifyRequest, reply: FastifyReply) =>
+      reply.code(405).header('allow', 'POST').send(errorBody(405, 'method_not_allowed', 'This MCP endpoint is stateless: use POST'));
+    app.get('/mcp', { schema: { hide: true } }, notAllowed);
+    app.delete('/mcp', { schema: { hide: true } }, notAllowed);
+  };
+}

@@ -1,0 +1,29 @@
+import type { FastifyRequest } from 'fastify';
+import { errorBody } from '../plugins/errors.js';
+import type { App } from '../types.js';
+import { findTool } from './catalog.js';
+import { dispatch, type EndpointResponse } from './dispatch.js';
+
+/**
+ * Runs a tool for the caller of `from`: unknown tool 404, arguments failing the tool's
+ * schema 422 naming them, otherwise whatever the endpoint answers.
+ * Shared by `POST /api/v2/tools/{name}` and the MCP server.
+ */
+export async function runTool(app: App, from: FastifyRequest, name: string, args: unknown): Promise<EndpointResponse> {
+  const tool = findTool(name);
+  if (!tool) return { statusCode: 404, body: errorBody(404, 'not_found', `No tool named "${name}"`), headers: {} };
+  const parsed = tool.inputSchema.safeParse(args ?? {});
+  if (!parsed.success) {
+    const details = parsed.error.issues.map((issue) => ({
+      path: ['arguments', ...issue.path.map(String)].join('.'),
+      message: issue.message,
+    }));
+    const first = details[0];
+    return {
+      statusCode: 422,
+      body: errorBody(422, 'validation_error', first ? `${first.path}: ${first.message}` : 'Invalid arguments', details),
+      headers: {},
+    };
+  }
+  return dispatch(app, from, tool.toRequest(args ?? {}));
+}

@@ -1,0 +1,77 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startCountingSink, type CountingSink } from './helpers/counting-sink.js';
+import { TestRedis, waitFor } from './helpers/outages.js';
+import { runService, type ServiceProcess } from './helpers/process.js';
+
+// Issue 9: Redis loses every key (killed and restarted empty: no RDB, no AOF) in the middle
+// of a send run. PostgreSQL is the source of truth: the reconciler re-enqueues, from it,
+// every accepted email whose job is gone, and each one still arrives exactly once.
+const TOTAL = 600;
+
+let redis: TestRedis;
+let sink: CountingSink;
+let ctx: TestContext;
+let token: string;
+const processes: ServiceProcess[] = [];
+
+beforeAll(async () => {
+  redis = await TestRedis.start();
+  sink = await startCountingSink();
+  ctx = await createTestContext({
+    REDIS_URL: redis.url,
+    MAIL_TRANSPORT: 'smtp',
+    SMTP_URL: sink.url,
+    // Fast reconciler for the test (default: every minute, for emails queued a minute ago).
+    EMAIL_RECONCILE_EVERY_MS: '500',
+    EMAIL_RECONCILE_GRACE_MS: '0',
+    LOG_LEVEL: 'warn',
+  });
+  ({ token } = await createOrg(ctx.services));
+});
+
+afterAll(async () => {
+  for (const p of processes) p.kill();
+  await Promise.all(processes.map((p) => p.exited));
+  await ctx?.close();
+  await sink?.close();
+  await redis?.dispose();
+});
+
+describe('Redis loses its data mid-run', () => {
+  it('delivers every accepted email exactly once through the reconciler', { timeout: 60_000 }, async () => {
+    const ids: string[] = [];
+    for (let b = 0; b < TOTAL / 100; b++) {
+      const payload = Array.from({ length: 100 }, (_, i) => ({ from: 'Acme <receipts@acme.test>', to: `user${b * 100 + i}@example.com`, subject: `Receipt ${i}`, html: '<p>Receipt</p>' }));
+      const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails/batch', headers: bearer(token), payload });
+      expect(res.statusCode).toBe(200);
+      ids.push(...res.json().data.map((d: { id: string }) => d.id));
+    }
+
+    const worker = runService('src/workers/main.ts', [], ctx.env.env);
+    processes.push(worker);
+    await waitFor('a third delivered', () => sink.accepted >= TOTAL / 3, 30_000, 5);
+    await redis.stop('kill');
+    await redis.start();
+    const atRestart = sink.accepted;
+
+    const em = ctx.services.orm.em.fork();
+    await waitFor(
+      'every email sent',
+      async () => {
+        const [row] = await em.execute<{ sent: string }[]>(`select count(*) filter (where status = 'sent') as sent from emails`);
+        return Number(row!.sent) >= TOTAL;
+      },
+      40_000,
+      100,
+    );
+    await new Promise((r) => setTimeout(r, 300));
+
+    expect(atRestart).toBeLessThan(TOTAL); // the loss did happen mid-run
+    expect([...sink.received].filter(([, n]) => n > 1)).toEqual([]);
+    expect(ids.filter((id) => sink.received.get(`${id}@acme.test`) !== 1)).toEqual([]);
+    expect(sink.accepted).toBe(TOTAL);
+    // The reconciler did the work: it logged what it re-enqueued.
+    expect(worker.stdout() + worker.stderr()).toMatch(/re-enqueued queued emails whose job was missing/);
+  });
+});
