@@ -24,7 +24,10 @@ async function startEmailWorkers(c: TestContext): Promise<RunningWorkers> {
 beforeAll(async () => {
   sink = await startSmtpSink();
   ctx = await createTestContext({ MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url });
-  ({ token } = await createOrg(ctx.services));
+  const org = await createOrg(ctx.services);
+  token = org.token;
+  // Open/click tracking is tested in outcomes.test.ts; here what is sent is what is stored.
+  await ctx.services.orm.em.fork().execute('update organizations set track_opens = false, track_clicks = false where id = ?', [org.organizationId]);
 });
 afterAll(async () => {
   await workers?.close();

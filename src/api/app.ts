@@ -13,6 +13,7 @@ import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
+import { providerWebhookRoutes, trackingRoutes } from './routes/tracking.js';
 import type { App } from './types.js';
 
 export interface BuildAppOptions {
@@ -95,6 +96,8 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(adminDashboard);
   await app.register(confirmRoutes);
   await app.register(unsubscribeRoutes);
+  await app.register(trackingRoutes);
+  await app.register(providerWebhookRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();

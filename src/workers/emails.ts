@@ -2,6 +2,7 @@ import { DelayedError } from 'bullmq';
 import type { Services } from '../shared/container.js';
 import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError } from '../shared/emails/deliver.js';
 import { HandoverFence } from '../shared/emails/handover.js';
+import { sendGateOf } from '../shared/outcomes/send-gate.js';
 import { purgeIdempotencyKeys, queueForSource, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
@@ -59,8 +60,11 @@ function storeOf(services: Services): DeliveryStore {
 async function send(payload: { emailId: string; throttled?: number }, ctx: JobContext) {
   const { job } = ctx;
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+  // Suppressed recipients are failed here and never handed over; the others get tracking.
+  const gate = await sendGateOf(ctx.services).check(payload.emailId);
+  if (gate.suppressed) return { outcome: 'failed' as const, reason: 'suppressed' };
   try {
-    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log });
+    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log, decorateHtml: gate.decorateHtml });
     if (result.outcome === 'failed') ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
     return result;
   } catch (error) {

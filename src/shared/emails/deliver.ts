@@ -170,7 +170,7 @@ export async function deliverEmail(
   store: DeliveryStore,
   transport: MailTransport,
   emailId: string,
-  options: { finalAttempt: boolean; log?: Logger },
+  options: { finalAttempt: boolean; log?: Logger; /** Adds open/click tracking to the HTML handed over (not stored). */ decorateHtml?: (html: string) => string },
 ): Promise<DeliverOutcome> {
   let row = await store.claim(emailId);
   // The reclaim token when this run took the email over from a dead worker.
@@ -230,7 +230,7 @@ export async function deliverEmail(
       bcc: row.bcc,
       replyTo: row.reply_to,
       subject: row.subject,
-      html: rendered.html,
+      html: options.decorateHtml ? options.decorateHtml(rendered.html) : rendered.html,
       text: rendered.text,
       messageId,
       fromDomain,

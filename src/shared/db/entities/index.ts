@@ -9,6 +9,7 @@ import { SubscriberTagSchema, TagSchema } from './tag.js';
 import { EmailVerificationSchema } from './email-verification.js';
 import { VerificationHistorySchema } from './verification-history.js';
 import { CampaignSchema } from './campaign.js';
+import { SuppressionSchema } from './suppression.js';
 
 export { ApiToken } from './api-token.js';
 export { Email } from './email.js';
@@ -21,6 +22,7 @@ export { SubscriberTag, Tag } from './tag.js';
 export { EmailVerification } from './email-verification.js';
 export { VerificationHistory } from './verification-history.js';
 export { Campaign, CAMPAIGN_STATUSES, CONTENT_TYPES, type CampaignStatus, type CampaignContentType, type RecipientFilter } from './campaign.js';
+export { Suppression, type SuppressionReason } from './suppression.js';
 
 /** Every entity of the service; each feature appends its own, one a line. */
 export const entities = [
@@ -36,4 +38,5 @@ export const entities = [
   VerificationHistorySchema,
   EmailSchema,
   CampaignSchema,
+  SuppressionSchema,
 ];

@@ -4,6 +4,7 @@ import { Migration20261123020000Audience } from './20261123020000-audience.js';
 import { Migration20261123030000Domains } from './20261123030000-domains.js';
 import { Migration20261123040000Verification } from './20261123040000-verification.js';
 import { Migration20261123050000Campaigns } from './20261123050000-campaigns.js';
+import { Migration20261123060000Outcomes } from './20261123060000-outcomes.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -16,4 +17,5 @@ export const migrationsList = [
   { name: 'Migration20261123030000Domains', class: Migration20261123030000Domains },
   { name: 'Migration20261123040000Verification', class: Migration20261123040000Verification },
   { name: 'Migration20261123050000Campaigns', class: Migration20261123050000Campaigns },
+  { name: 'Migration20261123060000Outcomes', class: Migration20261123060000Outcomes },
 ];

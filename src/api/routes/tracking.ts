@@ -1,0 +1,115 @@
+import { createHmac } from 'node:crypto';
+import type { FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import { safeEqual } from '../../shared/crypto.js';
+import { AppError, NotFoundError } from '../../shared/errors.js';
+import { lastEvent } from '../../shared/emails/last-event.js';
+import { Email } from '../../shared/db/entities/index.js';
+import { applyProviderEvent, ProviderEventBody } from '../../shared/outcomes/provider-events.js';
+import { TrackingRecorder } from '../../shared/outcomes/recorder.js';
+import { readClickToken, readOpenToken } from '../../shared/outcomes/tokens.js';
+import type { App } from '../types.js';
+
+// A transparent 1x1 GIF.
+const PIXEL = Buffer.from('R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7', 'base64');
+const NO_STORE = 'no-store, no-cache, must-revalidate, private';
+
+// Wildcard routes: a click token carries its URL and may exceed the router's 100-character
+// limit on a named parameter.
+const TokenParams = z.object({ '*': z.string().max(8_000) });
+
+function client(request: FastifyRequest) {
+  const ua = request.headers['user-agent'];
+  return { ip: request.ip ?? null, userAgent: typeof ua === 'string' ? ua.slice(0, 1_000) : null };
+}
+
+/**
+ * Contract 10: `GET /t/o/{token}.gif` (open pixel) and `GET /t/c/{token}` (click redirect),
+ * public. They answer at once; the hit is written by the TrackingRecorder within a few
+ * milliseconds, batched with the others (flushed when the app closes). HEAD answers the
+ * same way without counting (link scanners).
+ */
+export async function trackingRoutes(app: App): Promise<void> {
+  const recorder = new TrackingRecorder(app.services.orm, app.services.logger);
+  app.addHook('onClose', async () => recorder.close());
+
+  const pixel = { exposeHeadRoute: false, schema: { hide: true, params: TokenParams } } as const;
+  const openOf = (token: string) => {
+    const read = token.endsWith('.gif') ? readOpenToken(app.services.signer, token.slice(0, -4)) : null;
+    if (!read) throw new NotFoundError('This tracking link is not valid');
+    return read;
+  };
+  app.get('/t/o/*', pixel, async (request, reply) => {
+    const { emailId } = openOf(request.params['*']);
+    recorder.record({ emailId, type: 'open', at: app.services.clock(), url: null, ...client(request) });
+    return reply.type('image/gif').header('cache-control', NO_STORE).send(PIXEL);
+  });
+  app.head('/t/o/*', pixel, async (request, reply) => {
+    openOf(request.params['*']);
+    return reply.type('image/gif').header('cache-control', NO_STORE).header('content-length', PIXEL.length).send();
+  });
+
+  const click = { exposeHeadRoute: false, schema: { hide: true, params: TokenParams } } as const;
+  const clickOf = (token: string) => {
+    const read = readClickToken(app.services.signer, token);
+    if (!read) throw new NotFoundError('This tracking link is not valid');
+    return read;
+  };
+  app.get('/t/c/*', click, async (request, reply) => {
+    const { emailId, url } = clickOf(request.params['*']);
+    recorder.record({ emailId, type: 'click', at: app.services.clock(), url, ...client(request) });
+    return reply.header('cache-control', NO_STORE).redirect(url, 302);
+  });
+  app.head('/t/c/*', click, async (request, reply) => {
+    const { url } = clickOf(request.params['*']);
+    return reply.header('cache-control', NO_STORE).redirect(url, 302);
+  });
+}
+
+const SIGNATURE = /^sha256=([0-9a-f]{64})$/i;
+
+/**
+ * Contract 11: `POST /webhooks/provider`, authenticated by `X-Mailroom-Signature:
+ * sha256=HEX`, the HMAC-SHA256 of the raw body under PROVIDER_WEBHOOK_SECRET (compared in
+ * constant time). The signature is checked before the body is validated: 401, then 422.
+ */
+export async function providerWebhookRoutes(app: App): Promise<void> {
+  const raw = new WeakMap<FastifyRequest, Buffer>();
+  // This plugin's own JSON parser keeps the exact bytes that were signed. A body that is
+  // not JSON goes on as a string, so a signed but malformed body is 422, never 400 first.
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body: Buffer, done) => {
+    raw.set(request, body);
+    try {
+      done(null, JSON.parse(body.toString('utf8')));
+    } catch {
+      done(null, body.toString('utf8'));
+    }
+  });
+
+  app.post(
+    '/webhooks/provider',
+    {
+      schema: {
+        hide: true,
+        body: ProviderEventBody,
+        response: { 200: z.object({ id: z.string(), last_event: z.string(), changed: z.boolean() }) },
+      },
+      preValidation: async (request) => {
+        const secret = app.services.config.providerWebhookSecret;
+        const header = request.headers['x-mailroom-signature'];
+        const match = typeof header === 'string' ? SIGNATURE.exec(header.trim()) : null;
+        const body = raw.get(request) ?? Buffer.alloc(0);
+        const expected = secret ? createHmac('sha256', secret).update(body).digest('hex') : undefined;
+        if (!expected || !match || !safeEqual(match[1]!.toLowerCase(), expected)) {
+          throw new AppError(401, 'invalid_signature', 'Missing or invalid X-Mailroom-Signature');
+        }
+      },
+    },
+    async (request) => {
+      const result = await applyProviderEvent(request.em, request.body, { metrics: app.services.metrics, now: app.services.clock() });
+      const email = await request.em.fork().findOneOrFail(Email, result.emailId);
+      return { id: email.id, last_event: lastEvent(email), changed: result.changed };
+    },
+  );
+}

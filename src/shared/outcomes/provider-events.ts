@@ -1,0 +1,108 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { z } from 'zod';
+import { NotFoundError } from '../errors.js';
+import type { Metrics } from '../metrics.js';
+import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound } from '../verification/index.js';
+import { TO_ADDRESS_SQL } from './send-gate.js';
+
+/** Contract 11: the body of `POST /webhooks/provider`. */
+export const ProviderEventBody = z.strictObject({
+  type: z.enum(['delivered', 'bounced', 'complained']),
+  messageId: z
+    .string()
+    .min(1)
+    .max(998)
+    .transform((v) => v.trim().replace(/^<(.*)>$/, '$1'))
+    .describe('The Message-ID of the email, with or without angle brackets'),
+  bounceType: z.enum(['hard', 'soft']).optional().describe('For bounced: hard (permanent) or soft; default hard'),
+  diagnostic: z.string().max(2_000).optional().describe('The remote server answer, e.g. "550 5.1.1 user unknown"'),
+});
+export type ProviderEvent = z.infer<typeof ProviderEventBody>;
+
+/**
+ * Precedence of delivery statuses (docs/outcomes.md): a status only moves up this ladder,
+ * so events arriving late, out of order or replayed never move an email back. A bounce
+ * after delivery (an asynchronous DSN) and a complaint after delivery both win.
+ */
+const RANK_SQL = (column: string) => `coalesce(case ${column} when 'delivered' then 1 when 'bounced' then 2 when 'complained' then 3 end, 0)`;
+
+interface EmailRow {
+  id: string;
+  organization_id: string;
+  address: string;
+}
+
+export interface ProviderEventResult {
+  emailId: string;
+  /** False when the event was a replay or lower in precedence than the current status. */
+  changed: boolean;
+}
+
+/**
+ * Applies one provider event in one transaction; every write is idempotent (a replay changes
+ * nothing). A hard bounce or a complaint suppresses the address in the email's organization,
+ * marks that organization's subscriber BOUNCED / COMPLAINED and feeds the global verification
+ * history (contract 11, 13).
+ */
+export async function applyProviderEvent(
+  em: EntityManager,
+  event: ProviderEvent,
+  deps: { metrics?: Metrics; now: Date },
+): Promise<ProviderEventResult> {
+  const result = await em.transactional(async (tx) => {
+    const [email] = await tx.execute<EmailRow[]>(
+      `select e.id, e.organization_id, ${TO_ADDRESS_SQL} as address from emails e where e.message_id = ? limit 1`,
+      [event.messageId],
+      'all',
+    );
+    if (!email) throw new NotFoundError(`No email has the Message-ID ${event.messageId}`);
+    const bounceType = event.type === 'bounced' ? (event.bounceType ?? 'hard') : undefined;
+    const details = { ...(bounceType ? { bounceType } : {}), ...(event.diagnostic ? { diagnostic: event.diagnostic } : {}) };
+
+    const inserted = await tx.execute<{ email_id: string }[]>(
+      `insert into email_events (email_id, organization_id, type, occurred_at, details) values (?, ?, ?, ?, ?::jsonb)
+       on conflict (email_id, type) where type in ('delivered', 'bounced', 'complained') do nothing returning email_id`,
+      [email.id, email.organization_id, event.type, deps.now, JSON.stringify(details)],
+      'all',
+    );
+    const updated = await tx.execute<{ id: string }[]>(
+      `update emails set delivery_status = ?, updated_at = now() where id = ? and ${RANK_SQL('delivery_status')} < ${RANK_SQL('?::text')} returning id`,
+      [event.type, email.id, event.type],
+      'all',
+    );
+
+    const suppress = event.type === 'complained' || bounceType === 'hard';
+    if (suppress) {
+      const reason = event.type === 'complained' ? 'complaint' : 'hard_bounce';
+      await tx.execute(
+        `insert into suppressions (organization_id, address, reason, email_id, created_at) values (?, ?, ?, ?, ?)
+         on conflict (organization_id, address) do nothing`,
+        [email.organization_id, email.address, reason, email.id, deps.now],
+        'run',
+      );
+      // A complaint is the stronger statement; BANNED (an operator's decision) stays.
+      const status = event.type === 'complained' ? 'COMPLAINED' : 'BOUNCED';
+      const keep = event.type === 'complained' ? `('COMPLAINED', 'BANNED')` : `('BOUNCED', 'COMPLAINED', 'BANNED')`;
+      await tx.execute(
+        `update subscribers set status = ?, updated_at = ? where organization_id = ? and email = ? and status not in ${keep}`,
+        [status, deps.now, email.organization_id, email.address],
+        'run',
+      );
+      if (event.type === 'complained') await recordComplaint(tx as EntityManager, email.address, deps.now);
+      else await recordHardBounce(tx as EntityManager, email.address, deps.now);
+    }
+    if (event.type === 'bounced' && event.diagnostic) {
+      // The remote answer's enhanced status code says more than hard/soft (RFC 3463).
+      if (/\b5\.1\.1\b/.test(event.diagnostic)) await recordMailboxNotFound(tx as EntityManager, email.address, deps.now);
+      else if (/\b[45]\.2\.2\b/.test(event.diagnostic)) await recordMailboxFull(tx as EntityManager, email.address, deps.now);
+    }
+    return { emailId: email.id, changed: updated.length > 0, fresh: inserted.length > 0, bounceType };
+  });
+
+  if (result.fresh && deps.metrics) {
+    if (event.type === 'delivered') deps.metrics.emailsDelivered.inc();
+    else if (event.type === 'bounced') deps.metrics.emailsBounced.inc({ type: result.bounceType ?? 'hard' });
+    else deps.metrics.emailsComplained.inc();
+  }
+  return { emailId: result.emailId, changed: result.changed };
+}

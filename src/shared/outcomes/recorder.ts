@@ -1,0 +1,206 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { Orm } from '../db/orm.js';
+import type { Logger } from '../logger.js';
+import { recordProven } from '../verification/index.js';
+import { recordCampaignEngagement } from './campaigns.js';
+import { TO_ADDRESS_SQL } from './send-gate.js';
+
+export interface TrackingHit {
+  emailId: string;
+  type: 'open' | 'click';
+  at: Date;
+  ip: string | null;
+  userAgent: string | null;
+  url: string | null;
+}
+
+export interface RecorderOptions {
+  /** A hit waits at most this long before it is written. */
+  flushEveryMs?: number;
+  /** Hits written by one transaction. */
+  maxBatch?: number;
+  /** Hits kept in memory while PostgreSQL is unavailable; beyond this they are dropped (logged). */
+  maxBuffered?: number;
+}
+
+const DEFAULTS: Required<RecorderOptions> = { flushEveryMs: 5, maxBatch: 2_000, maxBuffered: 200_000 };
+const RETRY_MS = [50, 100, 250, 500, 1_000, 2_000];
+/** On shutdown a batch that keeps failing is given up after this many tries. */
+const CLOSING_TRIES = 5;
+
+interface Newly {
+  id: string;
+  campaign_id: string | null;
+  address: string;
+  proven: boolean;
+}
+
+/**
+ * Writes tracking hits in the background so that the pixel and the redirect answer at once:
+ * hits are buffered in memory and written every few milliseconds, one transaction per batch
+ * (events inserted in one statement, first open / first click set by conditional updates,
+ * campaign counters and verification history fed for the emails that changed). `close()`
+ * writes what is buffered (graceful shutdown loses no hit).
+ */
+/**
+ * Emails whose first open / first click this process has seen written: their later hits
+ * skip the conditional updates (a cache only: the `is null` condition stays the guard).
+ */
+export interface KnownFirsts {
+  opened: Set<string>;
+  clicked: Set<string>;
+}
+const KNOWN_MAX = 100_000;
+
+export class TrackingRecorder {
+  private readonly known: KnownFirsts = { opened: new Set(), clicked: new Set() };
+  private buffer: TrackingHit[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private draining: Promise<void> | undefined;
+  private closing = false;
+  private dropped = 0;
+  private readonly o: Required<RecorderOptions>;
+
+  constructor(
+    private readonly orm: Orm,
+    private readonly log: Logger,
+    options: RecorderOptions = {},
+  ) {
+    this.o = { ...DEFAULTS, ...options };
+  }
+
+  record(hit: TrackingHit): void {
+    if (this.buffer.length >= this.o.maxBuffered) {
+      if (this.dropped++ % 1_000 === 0) this.log.error({ dropped: this.dropped }, 'tracking buffer full: hits dropped');
+      return;
+    }
+    this.buffer.push(hit);
+    this.kick();
+  }
+
+  /** Hits not yet written. */
+  get pending(): number {
+    return this.buffer.length;
+  }
+
+  async close(): Promise<void> {
+    this.closing = true;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    if (!this.draining && this.buffer.length > 0) this.startDrain();
+    while (this.draining) await this.draining;
+  }
+
+  private kick(): void {
+    if (this.draining || this.timer) return;
+    // A hit that arrives while the app closes is written at once.
+    if (this.closing) return this.startDrain();
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      this.startDrain();
+    }, this.o.flushEveryMs);
+  }
+
+  private startDrain(): void {
+    this.draining = this.drain().finally(() => {
+      this.draining = undefined;
+      if (this.buffer.length > 0) {
+        if (this.closing) this.startDrain();
+        else this.kick();
+      }
+    });
+  }
+
+  /** After the commit: every email of the batch now has its first open (and click, if clicked). */
+  private remember(batch: TrackingHit[]): void {
+    if (this.known.opened.size > KNOWN_MAX) this.known.opened.clear();
+    if (this.known.clicked.size > KNOWN_MAX) this.known.clicked.clear();
+    for (const hit of batch) {
+      this.known.opened.add(hit.emailId);
+      if (hit.type === 'click') this.known.clicked.add(hit.emailId);
+    }
+  }
+
+  private async drain(): Promise<void> {
+    let failures = 0;
+    while (this.buffer.length > 0) {
+      const batch = this.buffer.splice(0, this.o.maxBatch);
+      try {
+        await this.orm.em.fork().transactional((em) => writeHits(em as EntityManager, batch, this.known));
+        this.remember(batch);
+        failures = 0;
+      } catch (error) {
+        failures++;
+        if (this.closing && failures >= CLOSING_TRIES) {
+          this.log.error({ err: error, lost: batch.length }, 'tracking hits could not be written before shutdown');
+          continue;
+        }
+        this.log.warn({ err: error, hits: batch.length }, 'tracking hits not written yet; retrying');
+        this.buffer.unshift(...batch);
+        await new Promise((resolve) => setTimeout(resolve, RETRY_MS[Math.min(failures - 1, RETRY_MS.length - 1)]));
+      }
+    }
+  }
+}
+
+/**
+ * One batch in one transaction. The first open and first click are conditional updates
+ * (`where first_opened_at is null`): under concurrent batches (several API processes) the
+ * row lock makes the second see the value set by the first, so each email changes, and its
+ * campaign counter moves, exactly once. A click is also the email's open when none was seen
+ * (images blocked): docs/outcomes.md.
+ */
+export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: KnownFirsts): Promise<void> {
+  // Bound parameters (MikroORM's `execute` would inline the JSON into the SQL text),
+  // inside the caller's transaction.
+  const query = async <T>(sql: string, params: unknown[]): Promise<T[]> => {
+    const statement = em.getConnection().getKnex().raw(sql, params as never[]);
+    const trx = em.getTransactionContext();
+    return ((await (trx ? statement.transacting(trx) : statement)) as { rows: T[] }).rows;
+  };
+  await query(
+    `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
+     select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
+     from jsonb_to_recordset(?::jsonb) as h(email_id text, type text, at timestamptz, ip text, ua text, url text)
+     join emails e on e.id = h.email_id`,
+    [JSON.stringify(hits.map((h) => ({ email_id: h.emailId, type: h.type, at: h.at.toISOString(), ip: h.ip, ua: h.userAgent, url: h.url })))],
+  );
+
+  // The earliest hit per email, leaving out the emails this process already saw set.
+  const earliest = (type: 'open' | 'click') => {
+    const seen = type === 'open' ? known?.opened : known?.clicked;
+    const first = new Map<string, Date>();
+    for (const h of hits) {
+      if ((type === 'click' && h.type !== 'click') || seen?.has(h.emailId)) continue;
+      const at = first.get(h.emailId);
+      if (!at || h.at < at) first.set(h.emailId, h.at);
+    }
+    return [...first].map(([id, at]) => ({ id, at: at.toISOString() }));
+  };
+  const firsts = async (type: 'open' | 'click') => {
+    const candidates = earliest(type);
+    if (candidates.length === 0) return [];
+    const column = type === 'open' ? 'first_opened_at' : 'first_clicked_at';
+    return query<Newly>(
+      `update emails e set ${column} = f.at, updated_at = now()
+       from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
+       where e.id = f.id and e.${column} is null
+       returning e.id, e.campaign_id, ${TO_ADDRESS_SQL} as address,
+         (e.status = 'sent' and coalesce(e.delivery_status, 'delivered') = 'delivered') as proven`,
+      [JSON.stringify(candidates)],
+    );
+  };
+  // Two batches locking the same rows in opposite orders may deadlock: PostgreSQL aborts
+  // one, and the recorder writes that batch again (every step is conditional or additive
+  // within this transaction).
+  const opened = await firsts('open');
+  const clicked = await firsts('click');
+
+  for (const [kind, rows] of [['opened', opened], ['clicked', clicked]] as const) {
+    const perCampaign = new Map<string, number>();
+    for (const row of rows) if (row.campaign_id) perCampaign.set(row.campaign_id, (perCampaign.get(row.campaign_id) ?? 0) + 1);
+    for (const [campaignId, count] of perCampaign) await recordCampaignEngagement(em, campaignId, kind, count);
+  }
+  // Contract 13: an open or a click of a delivered email proves the mailbox.
+  for (const row of opened) if (row.proven) await recordProven(em, row.address);
+}

@@ -1,0 +1,368 @@
+import { createHmac } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../src/api/app.js';
+import { insertEmails } from '../src/shared/emails/service.js';
+import { writeHits } from '../src/shared/outcomes/recorder.js';
+import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
+import { createRedis } from '../src/shared/redis.js';
+import { emailSendProcessor } from '../src/workers/emails.js';
+import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+
+const SECRET = 'whsec-test-secret';
+const PUBLIC_URL = 'http://mailroom.test';
+
+let sink: SmtpSink;
+let ctx: TestContext;
+let token: string;
+let organizationId: string;
+let workers: RunningWorkers | undefined;
+let connection: { disconnect(): void } | undefined;
+
+beforeAll(async () => {
+  sink = await startSmtpSink();
+  ctx = await createTestContext({ MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, PROVIDER_WEBHOOK_SECRET: SECRET, PUBLIC_URL });
+  ({ token, organizationId } = await createOrg(ctx.services));
+  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
+  connection = redis;
+  workers = await startWorkers(ctx.services, redis, [emailSendProcessor('emails', { reconcileGraceMs: 0 })]);
+});
+afterAll(async () => {
+  await workers?.close();
+  connection?.disconnect();
+  await ctx?.close();
+  await sink?.close();
+});
+
+const sql = <T = Record<string, unknown>>(query: string, params: unknown[] = []) =>
+  ctx.services.orm.em.fork().execute<T[]>(query, params, 'all');
+
+async function send(to: string, html = '<p>Hello</p>') {
+  const response = await ctx.app.inject({
+    method: 'POST',
+    url: '/api/v2/emails',
+    headers: bearer(token),
+    payload: { from: 'Acme <news@acme.test>', to, subject: 'Hi', html },
+  });
+  expect(response.statusCode).toBe(200);
+  return response.json().id as string;
+}
+
+async function getEmail(id: string) {
+  const response = await ctx.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(token) });
+  expect(response.statusCode).toBe(200);
+  return response.json();
+}
+
+async function listed(id: string) {
+  const rows = (await ctx.app.inject({ url: '/api/v2/emails?limit=100', headers: bearer(token) })).json().data as { id: string; last_event: string }[];
+  return rows.find((r) => r.id === id)?.last_event;
+}
+
+async function until<T>(probe: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
+  const started = Date.now();
+  for (;;) {
+    const value = await probe();
+    if (ok(value)) return value;
+    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** Waits until the email reads `event` on both the get and the list. */
+async function expectLastEvent(id: string, event: string) {
+  await until(() => getEmail(id), (e) => e.last_event === event);
+  expect(await listed(id)).toBe(event);
+}
+
+const sign = (body: string, secret = SECRET) => `sha256=${createHmac('sha256', secret).update(body).digest('hex')}`;
+
+function webhook(event: object | string, signature?: string | null, app = ctx.app) {
+  const body = typeof event === 'string' ? event : JSON.stringify(event);
+  const headers: Record<string, string> = { 'content-type': 'application/json' };
+  if (signature !== null) headers['x-mailroom-signature'] = signature ?? sign(body);
+  return app.inject({ method: 'POST', url: '/webhooks/provider', headers, payload: body });
+}
+
+/** The message the SMTP server received for an email. */
+async function receivedHtml(messageId: string): Promise<string> {
+  const mail = await until(
+    async () => sink.messages.find((m) => m.messageId === `<${messageId}>`),
+    (m) => m !== undefined,
+  );
+  return String(mail!.html);
+}
+
+const hrefs = (html: string) => [...html.matchAll(/href="([^"]*)"/g)].map((m) => m[1]!.replace(/&amp;/g, '&'));
+const localPath = (url: string) => url.slice(PUBLIC_URL.length);
+
+async function eventCount(emailId: string, type?: string) {
+  const [row] = await sql<{ n: number }>(`select count(*)::int as n from email_events where email_id = ? and (?::text is null or type = ?)`, [
+    emailId,
+    type ?? null,
+    type ?? null,
+  ]);
+  return row!.n;
+}
+
+const LINKS_HTML = `<html><body>
+<p><a href="https://shop.acme.test/offer?a=1&amp;b=2">Offer</a></p>
+<p><a href="http://acme.test/plain">Plain</a> <a href="mailto:help@acme.test">Mail</a> <a href="tel:+123">Call</a>
+<a href="#top">Top</a> <a href="${PUBLIC_URL}/u/abc.def">Unsubscribe</a> <a href="{{unsubscribe_url}}">Unsub</a></p>
+</body></html>`;
+
+describe('lifecycle over SMTP', () => {
+  it('reads queued until the email is handed over', async () => {
+    // Inserted without a job: nothing hands it over, so it stays queued.
+    const [id] = await insertEmails(ctx.services.orm.em.fork(), [
+      { organizationId, from: 'news@acme.test', to: 'later@example.com', subject: 'Later', contentKind: 'html', content: '<p>x</p>' },
+    ]);
+    expect((await getEmail(id!)).last_event).toBe('queued');
+    expect(await listed(id!)).toBe('queued');
+  });
+
+  it('goes queued -> sent -> delivered -> opened -> clicked by following its own pixel and links', async () => {
+    const id = await send('jane@example.com', LINKS_HTML);
+    const queued = await getEmail(id);
+    expect(['queued', 'sent']).toContain(queued.last_event);
+    await expectLastEvent(id, 'sent');
+    const email = await getEmail(id);
+    // The stored HTML is the body without tracking (contract 9).
+    expect(email.html).not.toContain('/t/');
+
+    const html = await receivedHtml(email.message_id);
+    const links = hrefs(html);
+    const tracked = links.filter((l) => l.startsWith(`${PUBLIC_URL}/t/c/`));
+    expect(tracked).toHaveLength(2);
+    expect(links).toEqual(expect.arrayContaining(['mailto:help@acme.test', 'tel:+123', '#top', `${PUBLIC_URL}/u/abc.def`, '{{unsubscribe_url}}']));
+    const pixel = /<img src="([^"]+)"/.exec(html)?.[1];
+    expect(pixel).toMatch(new RegExp(`^${PUBLIC_URL}/t/o/.+\\.gif$`));
+
+    expect((await webhook({ type: 'delivered', messageId: email.message_id })).statusCode).toBe(200);
+    await expectLastEvent(id, 'delivered');
+
+    const open = await ctx.app.inject({ url: localPath(pixel!), headers: { 'user-agent': 'MailClient/1.0' } });
+    expect(open.statusCode).toBe(200);
+    expect(open.headers['content-type']).toBe('image/gif');
+    expect(open.rawPayload.subarray(0, 6).toString()).toBe('GIF89a');
+    await expectLastEvent(id, 'opened');
+
+    const click = await ctx.app.inject({ url: localPath(tracked[0]!) });
+    expect(click.statusCode).toBe(302);
+    expect(click.headers.location).toBe('https://shop.acme.test/offer?a=1&b=2');
+    const second = await ctx.app.inject({ url: localPath(tracked[1]!) });
+    expect(second.headers.location).toBe('http://acme.test/plain');
+    await expectLastEvent(id, 'clicked');
+
+    await until(() => eventCount(id, 'click'), (n) => n === 2);
+    const [event] = await sql<{ user_agent: string; url: string | null; ip: string }>(
+      `select user_agent, url, ip from email_events where email_id = ? and type = 'open'`,
+      [id],
+    );
+    expect(event).toMatchObject({ user_agent: 'MailClient/1.0', url: null });
+    // A click of a delivered email proves the mailbox (contract 13).
+    const [history] = await sql<{ proven_at: Date | null }>(`select proven_at from verification_history where email = 'jane@example.com'`);
+    expect(history?.proven_at).toBeTruthy();
+  });
+
+  it('counts a click as the open when no open was seen (images blocked)', async () => {
+    const id = await send('blocked-images@example.com', LINKS_HTML);
+    await expectLastEvent(id, 'sent');
+    const links = hrefs(await receivedHtml((await getEmail(id)).message_id)).filter((l) => l.includes('/t/c/'));
+    expect((await ctx.app.inject({ url: localPath(links[0]!) })).statusCode).toBe(302);
+    await expectLastEvent(id, 'clicked');
+    const [row] = await sql<{ first_opened_at: Date | null }>('select first_opened_at from emails where id = ?', [id]);
+    expect(row!.first_opened_at).toBeTruthy();
+  });
+
+  it('goes to bounced by a signed webhook, suppresses the address and stops a later send', async () => {
+    await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(token), payload: { email: 'gone@example.com' } });
+    const id = await send('Gone <Gone@Example.com>');
+    await expectLastEvent(id, 'sent');
+    const { message_id: messageId } = await getEmail(id);
+    const response = await webhook({ type: 'bounced', messageId: `<${messageId}>`, bounceType: 'hard', diagnostic: '550 5.1.1 user unknown' });
+    expect(response.statusCode).toBe(200);
+    expect(response.json()).toMatchObject({ id, last_event: 'bounced', changed: true });
+    await expectLastEvent(id, 'bounced');
+
+    const [subscriber] = await sql<{ status: string }>('select status from subscribers where email = ?', ['gone@example.com']);
+    expect(subscriber!.status).toBe('BOUNCED');
+    expect(await sql('select address, reason from suppressions where organization_id = ?', [organizationId])).toEqual([
+      { address: 'gone@example.com', reason: 'hard_bounce' },
+    ]);
+    const [history] = await sql<{ hard_bounced_at: Date | null; mailbox_not_found_at: Date | null }>(
+      `select hard_bounced_at, mailbox_not_found_at from verification_history where email = 'gone@example.com'`,
+    );
+    expect(history!.hard_bounced_at).toBeTruthy();
+    expect(history!.mailbox_not_found_at).toBeTruthy();
+
+    // A replay is harmless.
+    const replay = await webhook({ type: 'bounced', messageId, bounceType: 'hard', diagnostic: '550 5.1.1 user unknown' });
+    expect(replay.json()).toMatchObject({ last_event: 'bounced', changed: false });
+    expect(await eventCount(id, 'bounced')).toBe(1);
+
+    // Later sends to the address are accepted but never handed to the provider.
+    const before = sink.accepted;
+    const later = await send('gone@example.com');
+    await expectLastEvent(later, 'failed');
+    const [row] = await sql<{ failure_reason: string; message_id: string | null }>('select failure_reason, message_id from emails where id = ?', [later]);
+    expect(row).toEqual({ failure_reason: 'suppressed', message_id: null });
+    expect(sink.accepted).toBe(before);
+  });
+
+  it('moves delivered -> complained, keeps complained over a late delivered, marks the subscriber COMPLAINED', async () => {
+    await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(token), payload: { email: 'angry@example.com' } });
+    const id = await send('angry@example.com');
+    await expectLastEvent(id, 'sent');
+    const { message_id: messageId } = await getEmail(id);
+    await webhook({ type: 'delivered', messageId });
+    await expectLastEvent(id, 'delivered');
+    expect((await webhook({ type: 'complained', messageId })).json()).toMatchObject({ last_event: 'complained', changed: true });
+    expect((await webhook({ type: 'delivered', messageId })).json()).toMatchObject({ last_event: 'complained', changed: false });
+    await expectLastEvent(id, 'complained');
+    const [subscriber] = await sql<{ status: string }>('select status from subscribers where email = ?', ['angry@example.com']);
+    expect(subscriber!.status).toBe('COMPLAINED');
+    const [history] = await sql<{ complained_at: Date | null }>(`select complained_at from verification_history where email = 'angry@example.com'`);
+    expect(history!.complained_at).toBeTruthy();
+  });
+
+  it('records a soft bounce as bounced without suppressing the address', async () => {
+    const id = await send('full@example.com');
+    await expectLastEvent(id, 'sent');
+    const { message_id: messageId } = await getEmail(id);
+    await webhook({ type: 'bounced', messageId, bounceType: 'soft', diagnostic: '452 4.2.2 mailbox full' });
+    await expectLastEvent(id, 'bounced');
+    expect(await sql(`select 1 from suppressions where address = 'full@example.com'`)).toEqual([]);
+    const later = await send('full@example.com');
+    await expectLastEvent(later, 'sent');
+  });
+
+  it('follows trackOpens / trackClicks off', async () => {
+    await sql('update organizations set track_opens = false, track_clicks = false where id = ?', [organizationId]);
+    try {
+      const id = await send('untracked@example.com', LINKS_HTML);
+      await expectLastEvent(id, 'sent');
+      const html = await receivedHtml((await getEmail(id)).message_id);
+      expect(html).not.toContain('/t/');
+      expect(hrefs(html)).toContain('https://shop.acme.test/offer?a=1&b=2');
+    } finally {
+      await sql('update organizations set track_opens = true, track_clicks = true where id = ?', [organizationId]);
+    }
+  });
+});
+
+describe('tracking tokens', () => {
+  it('answers 404 to garbage, altered, forged and cross-purpose tokens, and never redirects', async () => {
+    const id = await send('tokens@example.com');
+    const { signer } = ctx.services;
+    const click = clickToken(signer, id, 0, 'https://acme.test/a');
+    const [payload, mac] = click.split('.') as [string, string];
+    const altered = `${Buffer.from(`${id} 0 https://evil.test/a`).toString('base64url')}.${mac}`;
+    const flipped = `${payload}.${mac.slice(0, -1)}${mac.endsWith('A') ? 'B' : 'A'}`;
+    const other = new (signer.constructor as new (key: string) => typeof signer)('another-secret-key-another-secret-key');
+    for (const url of [
+      '/t/c/garbage',
+      '/t/c/a.b.c',
+      `/t/c/${altered}`,
+      `/t/c/${flipped}`,
+      `/t/c/${clickToken(other, id, 0, 'https://acme.test/a')}`,
+      `/t/c/${openToken(signer, id)}`,
+      `/t/o/${click}.gif`,
+      `/t/o/${openToken(signer, id)}`,
+      '/t/o/nothing.gif',
+    ]) {
+      const response = await ctx.app.inject({ url });
+      expect(response.statusCode, url).toBe(404);
+      expect(response.headers.location).toBeUndefined();
+      expect(response.json()).toMatchObject({ name: 'not_found', statusCode: 404 });
+    }
+    expect((await ctx.app.inject({ url: `/t/c/${click}` })).statusCode).toBe(302);
+    expect((await ctx.app.inject({ method: 'HEAD', url: `/t/c/${click}` })).statusCode).toBe(302);
+    await until(() => eventCount(id), (n) => n === 1);
+  });
+
+  it('counts concurrent duplicate hits once: first open, first click and campaign counters', async () => {
+    const ids = [await send('a@example.com'), await send('b@example.com')];
+    await sql(`insert into campaigns (id, organization_id, name, created_at, updated_at) values ('cmp_test', ?, 'Test', now(), now())`, [organizationId]);
+    await sql(`update emails set campaign_id = 'cmp_test' where id in (?, ?)`, ids);
+    const { signer } = ctx.services;
+    const hits = ids.flatMap((id) => [
+      ...Array.from({ length: 20 }, () => ctx.app.inject({ url: `/t/o/${openToken(signer, id)}.gif` })),
+      ...Array.from({ length: 20 }, (_, i) => ctx.app.inject({ url: `/t/c/${clickToken(signer, id, i % 2, `https://acme.test/${i % 2}`)}` })),
+    ]);
+    // And two "processes" writing the same emails' hits at once, each in its own transaction.
+    const direct = [0, 1].map(() =>
+      ctx.services.orm.em.fork().transactional((em) =>
+        writeHits(
+          em,
+          ids.flatMap((id) => [
+            { emailId: id, type: 'open' as const, at: new Date(), ip: null, userAgent: null, url: null },
+            { emailId: id, type: 'click' as const, at: new Date(), ip: null, userAgent: null, url: 'https://acme.test/0' },
+          ]),
+        ),
+      ),
+    );
+    const responses = await Promise.all(hits);
+    await Promise.all(direct);
+    expect(responses.every((r) => r.statusCode === 200 || r.statusCode === 302)).toBe(true);
+    for (const id of ids) await until(() => eventCount(id), (n) => n === 44);
+    const rows = await sql<{ first_opened_at: Date | null; first_clicked_at: Date | null }>(
+      'select first_opened_at, first_clicked_at from emails where id in (?, ?)',
+      ids,
+    );
+    expect(rows.every((r) => r.first_opened_at && r.first_clicked_at)).toBe(true);
+    const [campaign] = await sql(`select emails_opened_count, emails_clicked_count from campaigns where id = 'cmp_test'`);
+    expect(campaign).toEqual({ emails_opened_count: 2, emails_clicked_count: 2 });
+  });
+
+  it('writes every buffered hit when the app closes', async () => {
+    const id = await send('shutdown@example.com');
+    const app = await buildApp(ctx.services);
+    await app.ready();
+    const url = `/t/o/${openToken(ctx.services.signer, id)}.gif`;
+    await Promise.all(Array.from({ length: 30 }, () => app.inject({ url })));
+    await app.close();
+    expect(await eventCount(id, 'open')).toBe(30);
+  });
+});
+
+describe('provider webhook', () => {
+  it('answers 401 to a missing, wrong or stale signature and changes nothing', async () => {
+    const id = await send('sig@example.com');
+    await expectLastEvent(id, 'sent');
+    const { message_id: messageId } = await getEmail(id);
+    const body = JSON.stringify({ type: 'complained', messageId });
+    for (const signature of [null, '', 'sha256=', sign(body, 'wrong-secret'), sign(`${body} `), sign(body).replace('sha256=', 'sha1='), 'sha256=zz']) {
+      const response = await webhook(body, signature);
+      expect(response.statusCode, String(signature)).toBe(401);
+      expect(response.json()).toMatchObject({ statusCode: 401 });
+    }
+    // Unsigned and invalid: the signature is checked first.
+    expect((await webhook({ type: 'nope' }, null)).statusCode).toBe(401);
+    expect((await getEmail(id)).last_event).toBe('sent');
+    expect(await eventCount(id)).toBe(0);
+  });
+
+  it('answers 401 when no secret is configured', async () => {
+    const services = { ...ctx.services, config: { ...ctx.services.config, providerWebhookSecret: undefined } };
+    const app = await buildApp(services);
+    await app.ready();
+    try {
+      expect((await webhook({ type: 'delivered', messageId: 'x@acme.test' }, undefined, app as typeof ctx.app)).statusCode).toBe(401);
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('answers 422 to a malformed signed body and 404 to an unknown message id', async () => {
+    for (const body of [{ type: 'opened', messageId: 'x@acme.test' }, { type: 'delivered' }, { type: 'bounced', messageId: 'x', bounceType: 'maybe' }, 'not json', '[]']) {
+      const response = await webhook(body);
+      expect(response.statusCode, JSON.stringify(body)).toBe(422);
+      expect(response.json()).toMatchObject({ name: 'validation_error' });
+    }
+    const unknown = await webhook({ type: 'delivered', messageId: 'eml_nothing@acme.test' });
+    expect(unknown.statusCode).toBe(404);
+    expect(unknown.json()).toMatchObject({ name: 'not_found' });
+  });
+});
