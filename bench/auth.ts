@@ -12,17 +12,10 @@
  * share the server's event loop. Environment: BENCH_DURATION (seconds per route, default
  * 10), BENCH_CONNECTIONS (default 20).
  */
-import { randomBytes } from 'node:crypto';
 import autocannon from 'autocannon';
-import pg from 'pg';
 import { v2Routes } from '../src/api/routes/index.js';
 import { startApi } from '../src/api/server.js';
-import { loadConfig } from '../src/shared/config.js';
-import { closeServices, createServices } from '../src/shared/container.js';
-import { ensureDatabase, migrate } from '../src/shared/db/orm.js';
-import { createLogger } from '../src/shared/logger.js';
-import { createOrganization } from '../src/shared/organizations/service.js';
-import { createRedis } from '../src/shared/redis.js';
+import { createBenchEnv } from './harness.js';
 
 const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 20);
@@ -52,40 +45,18 @@ function figures(route: string, result: autocannon.Result): Figures {
   };
 }
 
-function adminUrl(databaseUrl: string): string {
-  const url = new URL(databaseUrl);
-  url.pathname = '/postgres';
-  return url.toString();
-}
-
 async function main(): Promise<void> {
-  const suffix = randomBytes(4).toString('hex');
-  const base = new URL(process.env.DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/mailroom');
-  base.pathname = `/mailroom_bench_${suffix}`;
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    DATABASE_URL: base.toString(),
-    REDIS_URL: process.env.REDIS_URL,
-    REDIS_PREFIX: `mrbench-${suffix}`,
-    HOST: '127.0.0.1',
-    PORT: '0',
-    LOG_LEVEL: 'silent',
-    // Far above what one client can send: the limiter runs on every request but never refuses.
-    RATE_LIMIT_PER_SECOND: '100000000',
-  });
-
-  await ensureDatabase(config.databaseUrl);
-  const services = await createServices(config, createLogger({ level: 'silent' }));
+  // The harness sets RATE_LIMIT_PER_SECOND far out of reach: the limiter runs, never refuses.
+  const bench = await createBenchEnv('auth', { NODE_ENV: 'test', HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'silent' });
+  const { services } = bench;
   try {
-    await migrate(services.orm);
-    const { token } = await createOrganization(services.orm.em.fork(), services.box, { name: 'Bench', verifyQuota: 0 });
     v2Routes.push(async (v2) => {
       v2.get('/bench/noop', { config: { permission: 'tokens' }, schema: { hide: true } }, async () => ({ ok: true }));
     });
     const app = await startApi(services);
     const { port } = app.server.address() as { port: number };
     const root = `http://127.0.0.1:${port}`;
-    const auth = { authorization: `Bearer ${token.token}` };
+    const auth = { authorization: `Bearer ${bench.token}` };
 
     const check = await fetch(`${root}/api/v2/tokens?limit=1`, { headers: auth });
     if (check.status !== 200) throw new Error(`GET /api/v2/tokens answered ${check.status}: ${await check.text()}`);
@@ -115,19 +86,7 @@ async function main(): Promise<void> {
     }
     await app.close();
   } finally {
-    await closeServices(services);
-    const redis = createRedis(config.redisUrl, 'worker');
-    let cursor = '0';
-    do {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', `${config.redisPrefix}:*`, 'COUNT', 1000);
-      cursor = next;
-      if (keys.length) await redis.del(...keys);
-    } while (cursor !== '0');
-    redis.disconnect();
-    const admin = new pg.Client({ connectionString: adminUrl(config.databaseUrl) });
-    await admin.connect();
-    await admin.query(`drop database if exists "mailroom_bench_${suffix}" with (force)`);
-    await admin.end();
+    await bench.dispose();
   }
 }
 

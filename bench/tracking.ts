@@ -11,18 +11,11 @@
  * Environment: BENCH_DURATION (seconds per route, default 10, taken in BENCH_ROUNDS = 5
  * interleaved slices), BENCH_CONNECTIONS (default 20).
  */
-import { randomBytes } from 'node:crypto';
 import autocannon from 'autocannon';
-import pg from 'pg';
 import { startApi } from '../src/api/server.js';
-import { loadConfig } from '../src/shared/config.js';
-import { closeServices, createServices } from '../src/shared/container.js';
-import { ensureDatabase, migrate } from '../src/shared/db/orm.js';
 import { insertEmails } from '../src/shared/emails/service.js';
-import { createLogger } from '../src/shared/logger.js';
-import { createOrganization } from '../src/shared/organizations/service.js';
 import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
-import { createRedis } from '../src/shared/redis.js';
+import { createBenchEnv } from './harness.js';
 
 const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 20);
@@ -63,28 +56,13 @@ function combine(route: string, results: autocannon.Result[]): Figures {
 }
 
 async function main(): Promise<void> {
-  const suffix = randomBytes(4).toString('hex');
-  const base = new URL(process.env.DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/mailroom');
-  base.pathname = `/mailroom_bench_${suffix}`;
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    DATABASE_URL: base.toString(),
-    REDIS_URL: process.env.REDIS_URL,
-    REDIS_PREFIX: `mrbench-${suffix}`,
-    HOST: '127.0.0.1',
-    PORT: '0',
-    LOG_LEVEL: 'silent',
-  });
-
-  await ensureDatabase(config.databaseUrl);
-  const services = await createServices(config, createLogger({ level: 'silent' }));
+  const bench = await createBenchEnv('tracking', { NODE_ENV: 'test', HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'silent' });
+  const { services } = bench;
   try {
-    await migrate(services.orm);
-    const { organization } = await createOrganization(services.orm.em.fork(), services.box, { name: 'Bench', verifyQuota: 0 });
     const ids = await insertEmails(
       services.orm.em.fork(),
       Array.from({ length: EMAILS }, (_, i) => ({
-        organizationId: organization.id,
+        organizationId: bench.organizationId,
         from: 'news@bench.test',
         to: `reader${i}@example.com`,
         subject: 'Bench',
@@ -171,21 +149,7 @@ async function main(): Promise<void> {
       process.exitCode = 1;
     }
   } finally {
-    await closeServices(services);
-    const redis = createRedis(config.redisUrl, 'worker');
-    let cursor = '0';
-    do {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', `${config.redisPrefix}:*`, 'COUNT', 1000);
-      cursor = next;
-      if (keys.length) await redis.del(...keys);
-    } while (cursor !== '0');
-    redis.disconnect();
-    const url = new URL(config.databaseUrl);
-    url.pathname = '/postgres';
-    const admin = new pg.Client({ connectionString: url.toString() });
-    await admin.connect();
-    await admin.query(`drop database if exists "mailroom_bench_${suffix}" with (force)`);
-    await admin.end();
+    await bench.dispose();
   }
 }
 
