@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../src/api/app.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 
 let ctx: TestContext;
@@ -155,6 +156,24 @@ describe('GET /api/v2/tokens (spec 4.2)', () => {
     expect(theirs.data).toHaveLength(1);
     const myIds = new Set(mine.data.map((t: { id: string }) => t.id));
     expect(theirs.data.every((t: { id: string }) => !myIds.has(t.id))).toBe(true);
+  });
+
+  it('shows a token created through another API process at once, though listings are cached', async () => {
+    const other = await buildApp(ctx.services);
+    try {
+      const list = async (app: typeof other) =>
+        ((await app.inject({ url: '/api/v2/tokens?limit=100', headers: bearer(token) })).json().data as { id: string }[]).map((t) => t.id);
+      await new Promise((resolve) => setTimeout(resolve, 300)); // its change subscription is up
+      const before = await list(other);
+      expect(await list(other)).toEqual(before); // served from its cache from now on
+      const created = (await post({ name: 'made elsewhere', preset: 'app' })).json();
+      const deadline = Date.now() + 1_000; // the cache's own expiry is 5 s: this is the announcement
+      let after = await list(other);
+      while (!after.includes(created.id) && Date.now() < deadline) after = await list(other);
+      expect(after).toEqual([created.id, ...before]);
+    } finally {
+      await other.close();
+    }
   });
 });
 

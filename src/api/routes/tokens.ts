@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { PermissionSchema, PresetSchema } from '../../shared/tokens/permissions.js';
-import { createToken, listTokens } from '../../shared/tokens/service.js';
+import { TokenListCache } from '../../shared/tokens/list-cache.js';
+import { createToken } from '../../shared/tokens/service.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 
@@ -34,6 +35,11 @@ const TokenSummary = z.object({
 });
 
 export async function tokensRoutes(app: App): Promise<void> {
+  // Listing is the hot path of token reads (bench:auth); creating is rare.
+  const listCache = new TokenListCache(app.services);
+  listCache.start();
+  app.addHook('onClose', async () => listCache.close());
+
   app.post(
     '/tokens',
     {
@@ -42,6 +48,7 @@ export async function tokensRoutes(app: App): Promise<void> {
     },
     async (request) => {
       const token = await createToken(request.em, app.services.box, request.caller, request.body);
+      if (!token.reused) await listCache.changed(request.caller.organizationId);
       return { ...token, createdAt: iso(token.createdAt) };
     },
   );
@@ -58,7 +65,7 @@ export async function tokensRoutes(app: App): Promise<void> {
       },
     },
     async (request) => {
-      const { items, hasMore } = await listTokens(request.em, request.caller.organizationId, request.query.limit);
+      const { items, hasMore } = await listCache.list(request.em, request.caller.organizationId, request.query.limit);
       return list(
         items.map((t) => ({ id: t.id, name: t.name, last4: t.last4, permissions: t.permissions, createdAt: iso(t.createdAt) })),
         hasMore,
