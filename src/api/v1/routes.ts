@@ -125,7 +125,7 @@ async function forwardWholeList(app: App, request: FastifyRequest, reply: Fastif
   return sendWrapped(reply, { ...response, body: pageItems }, { pagination: { page, limit, hasMore, nextCursor } });
 }
 
-function forwardedHeaders(request: FastifyRequest): Record<string, string | undefined> {
+function forwardedHeaders(request: FastifyRequest): EndpointRequest['headers'] {
   const key = request.headers['idempotency-key'];
   return { 'idempotency-key': typeof key === 'string' ? key : undefined };
 }
