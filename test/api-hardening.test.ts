@@ -2,6 +2,7 @@ import { request as httpRequest } from 'node:http';
 import type { FastifyRequest } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { dispatch } from '../src/api/tools/dispatch.js';
+import { isDependencyDown } from '../src/shared/dependency-errors.js';
 import { runOverHttp } from './helpers/agents.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 
@@ -109,5 +110,94 @@ describe('dispatched requests (tools, MCP, v1) run as the caller only', () => {
       const answer = await runOverHttp(ctx, acme.token, 'unsubscribe_subscriber', { subscriber });
       expect(answer).toMatchObject({ statusCode: 404, body: { name: 'not_found' } });
     }
+  });
+});
+
+describe('malformed path parameters, query strings and bodies (spec 7, contract 4)', () => {
+  const PARAM_ROUTES: Array<[string, string, object?]> = [
+    ['GET', '/api/v2/subscribers/{}'],
+    ['PATCH', '/api/v2/subscribers/{}', { name: 'n' }],
+    ['POST', '/api/v2/subscribers/{}/unsubscribe', {}],
+    ['POST', '/api/v2/subscribers/{}/tags', { tags: ['a'] }],
+    ['DELETE', '/api/v2/subscribers/{}/tags', { tags: ['a'] }],
+    ['GET', '/api/v2/subscribers/{}/events'],
+    ['GET', '/api/v2/tags/{}'],
+    ['PATCH', '/api/v2/tags/{}', { name: 'n' }],
+    ['GET', '/api/v2/campaigns/{}'],
+    ['PATCH', '/api/v2/campaigns/{}', { name: 'n' }],
+    ['DELETE', '/api/v2/campaigns/{}'],
+    ['POST', '/api/v2/campaigns/{}/send', {}],
+    ['POST', '/api/v2/campaigns/{}/test', { to: 'a@example.com' }],
+    ['GET', '/api/v2/emails/{}'],
+    ['GET', '/api/v2/domains/{}'],
+    ['POST', '/api/v2/domains/{}/verify'],
+    ['DELETE', '/api/v2/domains/{}'],
+    ['GET', '/api/v2/senders/{}'],
+  ];
+  const MALFORMED = [
+    ['a NUL character', 'a%00b'],
+    ['an encoded NUL in an address', 'jane%40example.com%00'],
+    ['invalid percent-encoding', '%FF'],
+    ['a truncated escape', '%E0%A4%A'],
+    ['an id over every limit', 'x'.repeat(3000)],
+    ['an id longer than its schema allows', `cmp_${'z'.repeat(400)}`],
+  ];
+
+  it.each(MALFORMED)('answers 404 not_found in the spec shape to %s in any path parameter', async (_label, value) => {
+    for (const [method, pattern, payload] of PARAM_ROUTES) {
+      const url = pattern.replace('{}', value);
+      const res = await ctx.app.inject({ method: method as 'GET', url, headers: bearer(acme.token), ...(payload ? { payload } : {}) });
+      expect({ method, pattern, status: res.statusCode }).toEqual({ method, pattern, status: 404 });
+      expectErrorShape(res.json(), 404, 'not_found');
+      expect(res.headers['x-request-id']).toBeTruthy();
+    }
+  });
+
+  it('wraps a malformed v1 path in the v1 envelope', async () => {
+    const res = await ctx.app.inject({ url: '/api/v1/subscribers/%FF', headers: bearer(acme.token) });
+    expect(res.statusCode).toBe(404);
+    expect(res.json()).toMatchObject({ success: false, error: { name: 'not_found', statusCode: 404 } });
+  });
+
+  it('finds a subscriber by an address longer than 100 characters', async () => {
+    const email = `${'a'.repeat(64)}.${'b'.repeat(40)}@${'c'.repeat(60)}.example.com`;
+    const created = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(acme.token), payload: { email } });
+    expect(created.statusCode).toBe(200);
+    const res = await ctx.app.inject({ url: `/api/v2/subscribers/${encodeURIComponent(email)}`, headers: bearer(acme.token) });
+    expect(res.statusCode).toBe(200);
+    expect(res.json().email).toBe(email);
+  });
+
+  it.each([
+    ['GET', '/api/v2/subscribers?tag=a%00b', undefined, 422, 'tag'],
+    ['GET', '/api/v2/subscribers?query=%00', undefined, 422, 'query'],
+    ['GET', '/api/v2/emails?after=eml_%00', undefined, 422, 'after'],
+    ['GET', '/api/v2/campaigns?after=cmp_%00', undefined, 422, 'after'],
+    ['POST', '/api/v2/subscribers', { email: 'a@example.com', name: 'x\u0000' }, 422, 'name'],
+    ['POST', '/api/v2/subscribers', { email: 'a@example.com', fields: { 'k\u0000': 'v' } }, 422, 'fields.k\\0'],
+    ['POST', '/api/v2/subscribers', { email: 'a@example.com', tags: ['ok', 'b\u0000d'] }, 422, 'tags.1'],
+    ['POST', '/api/v2/tags', { name: '\u0000' }, 422, 'name'],
+    ['POST', '/api/v2/verify', { email: 'a\u0000@example.com' }, 422, 'email'],
+    ['POST', '/api/v2/events', { eventType: 'SUBSCRIBER_PAYMENT', subscriber: 'a\u0000', data: { amount: 1 } }, 400, 'subscriber'],
+    ['POST', '/api/v2/emails', { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', markdown: 'x\u0000' }, 422, 'markdown'],
+    ['POST', '/api/v2/campaigns', { name: 'c', subject: 's\u0000' }, 422, 'subject'],
+  ])('refuses U+0000 in %s %s with the spec\'s validation error', async (method, url, payload, status, path) => {
+    const res = await ctx.app.inject({ method: method as 'GET', url, headers: bearer(acme.token), ...(payload ? { payload } : {}) });
+    expect(res.statusCode).toBe(status);
+    const body = res.json();
+    expectErrorShape(body, status, 'validation_error');
+    expect(body.details).toEqual([{ path, message: expect.stringContaining('NUL') }]);
+  });
+
+  it('answers a tool argument holding U+0000 with the endpoint\'s validation error', async () => {
+    const answer = await runOverHttp(ctx, acme.token, 'get_subscriber', { subscriber: 'a\u0000b' });
+    expect(answer.statusCode).toBe(422);
+    expect(answer.body).toMatchObject({ name: 'validation_error', details: [{ path: 'arguments.subscriber' }] });
+  });
+
+  it('does not take a refused statement for an unreachable database', () => {
+    // 08P01: PostgreSQL refused one message (e.g. a NUL in a text parameter); the connection works.
+    expect(isDependencyDown(Object.assign(new Error('invalid message format'), { code: '08P01' }))).toBe(false);
+    expect(isDependencyDown(Object.assign(new Error('connection failure'), { code: '08006' }))).toBe(true);
   });
 });
