@@ -201,3 +201,49 @@ describe('malformed path parameters, query strings and bodies (spec 7, contract 
     expect(isDependencyDown(Object.assign(new Error('connection failure'), { code: '08006' }))).toBe(true);
   });
 });
+
+describe('401 challenges (RFC 6750)', () => {
+  const missing = 'Bearer realm="mailroom"';
+  const invalid = /^Bearer realm="mailroom", error="invalid_token"/;
+  const unknownToken = `svc_${'0'.repeat(64)}`;
+
+  it('answers WWW-Authenticate: Bearer on every 401 of the API', async () => {
+    const requests: Array<{ method: 'GET' | 'POST'; url: string; payload?: object }> = [
+      { method: 'GET', url: '/api/v2/tokens' },
+      { method: 'GET', url: '/api/v2/tools' },
+      { method: 'POST', url: '/api/v2/tools/list_domains', payload: { arguments: {} } },
+      { method: 'GET', url: '/api/v1/subscribers' },
+    ];
+    for (const request of requests) {
+      const none = await ctx.app.inject(request);
+      expect({ url: request.url, status: none.statusCode, challenge: none.headers['www-authenticate'] }).toEqual({ url: request.url, status: 401, challenge: missing });
+      const bad = await ctx.app.inject({ ...request, headers: bearer(unknownToken) });
+      expect(bad.statusCode).toBe(401);
+      expect(bad.headers['www-authenticate']).toMatch(invalid);
+    }
+  });
+
+  it('answers WWW-Authenticate: Bearer on a 401 of /mcp', async () => {
+    const initialize = {
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+    };
+    const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' };
+    const none = await fetch(`${baseUrl}/mcp`, { method: 'POST', headers, body: JSON.stringify(initialize) });
+    expect(none.status).toBe(401);
+    expect(none.headers.get('www-authenticate')).toBe(missing);
+    expectErrorShape((await none.json()) as Record<string, unknown>, 401, 'missing_api_key');
+    const bad = await fetch(`${baseUrl}/mcp`, { method: 'POST', headers: { ...headers, ...bearer(unknownToken) }, body: JSON.stringify(initialize) });
+    expect(bad.status).toBe(401);
+    expect(bad.headers.get('www-authenticate')).toMatch(invalid);
+  });
+
+  it('sends no challenge with a 403', async () => {
+    const minted = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(acme.token), payload: { name: 'subs only', permissions: ['subscribers'] } });
+    const res = await ctx.app.inject({ url: '/api/v2/domains', headers: bearer(minted.json().token) });
+    expect(res.statusCode).toBe(403);
+    expect(res.headers['www-authenticate']).toBeUndefined();
+  });
+});

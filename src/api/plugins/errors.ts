@@ -1,7 +1,7 @@
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors, isResponseSerializationError } from 'fastify-type-provider-zod';
 import { isDependencyDown } from '../../shared/dependency-errors.js';
-import { AppError, NotFoundError, ValidationError, type ErrorDetail } from '../../shared/errors.js';
+import { AppError, AuthenticationError, NotFoundError, ValidationError, type ErrorDetail } from '../../shared/errors.js';
 import type { App } from '../types.js';
 
 export interface ErrorBody {
@@ -113,6 +113,21 @@ export function toErrorBody(error: unknown, request: FastifyRequest): ErrorBody 
   return errorBody(500, 'internal_error', 'Internal error');
 }
 
+/** `WWW-Authenticate` of a 401 of the API (RFC 6750 section 3): the bearer scheme and its realm. */
+export const BEARER_REALM = 'mailroom';
+
+export function bearerChallenge(error: AuthenticationError): string {
+  return error.reason === 'invalid_token'
+    ? `Bearer realm="${BEARER_REALM}", error="invalid_token", error_description="The API token is not valid"`
+    : `Bearer realm="${BEARER_REALM}"`;
+}
+
+/** The headers an error answer carries besides its body: the 401 challenge, the 503 retry hint. */
+export function errorHeaders(error: unknown, body: ErrorBody, reply: FastifyReply): void {
+  if (error instanceof AuthenticationError) void reply.header('WWW-Authenticate', bearerChallenge(error));
+  if (body.statusCode === 503) void reply.header('Retry-After', '5');
+}
+
 /**
  * Fastify's router refuses a path before any route or hook sees it when a segment is not
  * valid percent-encoding (`%FF`, `%E0%A4%A`) or a parameter is longer than `maxParamLength`.
@@ -141,7 +156,7 @@ export function registerErrorHandling(app: App): void {
     if (body.statusCode >= 500) {
       request.log.error({ err: error }, body.statusCode === 503 ? 'dependency unavailable' : 'request failed');
     }
-    if (body.statusCode === 503) void reply.header('Retry-After', '5');
+    errorHeaders(error, body, reply);
     return reply.code(body.statusCode).send(body);
   });
   // PostgreSQL text cannot hold U+0000: a NUL anywhere in a path, query or body is refused
