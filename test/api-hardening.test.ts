@@ -195,6 +195,11 @@ describe('malformed path parameters, query strings and bodies (spec 7, contract 
     expect(answer.body).toMatchObject({ name: 'validation_error', details: [{ path: 'arguments.subscriber' }] });
   });
 
+  it('checks the provider webhook signature before the NUL check', async () => {
+    const res = await ctx.app.inject({ method: 'POST', url: '/webhooks/provider', payload: { type: 'delivered', messageId: 'a\u0000b' } });
+    expect(res.statusCode).toBe(401);
+  });
+
   it('does not take a refused statement for an unreachable database', () => {
     // 08P01: PostgreSQL refused one message (e.g. a NUL in a text parameter); the connection works.
     expect(isDependencyDown(Object.assign(new Error('invalid message format'), { code: '08P01' }))).toBe(false);

@@ -128,6 +128,14 @@ export function errorHeaders(error: unknown, body: ErrorBody, reply: FastifyRepl
   if (body.statusCode === 503) void reply.header('Retry-After', '5');
 }
 
+function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?: Error) => void): void {
+  if (nulPath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character'));
+  const where = nulPath(request.query, 'querystring') ?? (request.body === undefined ? undefined : nulPath(request.body, 'body'));
+  if (!where) return done();
+  const message = 'must not contain a NUL character (U+0000)';
+  done(new ValidationError(`${where}: ${message}`, [{ path: where, message }], request.routeOptions.config?.validationStatus ?? 422));
+}
+
 /**
  * Fastify's router refuses a path before any route or hook sees it when a segment is not
  * valid percent-encoding (`%FF`, `%E0%A4%A`) or a parameter is longer than `maxParamLength`.
@@ -160,15 +168,16 @@ export function registerErrorHandling(app: App): void {
     return reply.code(body.statusCode).send(body);
   });
   // PostgreSQL text cannot hold U+0000: a NUL anywhere in a path, query or body is refused
-  // here, in the spec's error shape, instead of failing deep in a query.
-  app.addHook('preValidation', async (request) => {
-    if (request.routeOptions.config?.acceptsNul) return;
-    const inParams = nulPath(request.params, 'params');
-    if (inParams) throw new NotFoundError('No resource has a name or id with a NUL character');
-    const where = nulPath(request.query, 'querystring') ?? (request.body === undefined ? undefined : nulPath(request.body, 'body'));
-    if (where) {
-      throw new ValidationError(`${where}: must not contain a NUL character (U+0000)`, [{ path: where, message: 'must not contain a NUL character (U+0000)' }], request.routeOptions.config?.validationStatus ?? 422);
-    }
+  // before the handler, in the spec's error shape, instead of failing deep in a query. Only
+  // routes that take input get the check (after their own preValidation, so the provider
+  // webhook still checks its signature first); /healthz and the like pay nothing.
+  app.addHook('onRoute', (route) => {
+    if (route.config?.acceptsNul) return;
+    const schema = route.schema as { params?: unknown; querystring?: unknown; body?: unknown } | undefined;
+    const takesInput = route.url.includes(':') || route.url.includes('*') || schema?.params || schema?.querystring || schema?.body;
+    if (!takesInput) return;
+    const own = route.preValidation === undefined ? [] : Array.isArray(route.preValidation) ? route.preValidation : [route.preValidation];
+    route.preValidation = [...own, refuseNul];
   });
   app.setNotFoundHandler((request, reply) => {
     return reply.code(404).send(errorBody(404, 'not_found', `No route ${request.method} ${request.url.split('?')[0]}`));
