@@ -7,7 +7,7 @@ import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
-import { registerErrorHandling } from './plugins/errors.js';
+import { frameworkError, registerErrorHandling } from './plugins/errors.js';
 import { registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
@@ -15,6 +15,7 @@ import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
 import { providerWebhookRoutes, trackingRoutes } from './routes/tracking.js';
 import type { App } from './types.js';
+import { v1Error } from './v1/envelope.js';
 
 export interface BuildAppOptions {
   /** Log every request (off in tests and benchmarks). */
@@ -35,7 +36,11 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     },
     requestIdHeader: false,
     return503OnClosing: true,
-    routerOptions: { ignoreTrailingSlash: true },
+    // A path parameter may be an email address (up to 254 characters, more once
+    // percent-encoded) or a signed token (schemas allow 2,000): Fastify's default of 100
+    // refused real addresses.
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
+    frameworkErrors: (error, request, reply) => frameworkError(error, request, reply, request.url.startsWith('/api/v1/') ? v1Error : undefined),
   }).withTypeProvider<ZodTypeProvider>();
 
   app.setValidatorCompiler(validatorCompiler);

@@ -22,6 +22,8 @@ declare module 'fastify' {
     permissionErrorName?: string;
     /** Status of a request validation failure: 422 unless the spec says 400. */
     validationStatus?: number;
+    /** The route passes its input on unread (MCP): U+0000 is refused by what it dispatches to. */
+    acceptsNul?: boolean;
   }
 }
 

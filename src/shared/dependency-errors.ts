@@ -8,7 +8,9 @@ export function isDependencyDown(error: unknown): boolean {
     const e = current as { name?: string; code?: string; message?: string; cause?: unknown };
     if (e.name === 'ConnectionException' || e.name === 'KnexTimeoutError' || e.name === 'MaxRetriesPerRequestError') return true;
     if (e.code && CONNECTION_CODES.has(e.code)) return true;
-    if (typeof e.code === 'string' && e.code.startsWith('08')) return true; // SQLSTATE class 08: connection exception
+    // SQLSTATE class 08: connection exception; but 08P01 (protocol violation) is the server
+    // refusing one malformed message (e.g. a NUL in a text parameter) on a working connection.
+    if (typeof e.code === 'string' && e.code.startsWith('08') && e.code !== '08P01') return true;
     if (e.message && CONNECTION_MESSAGES.test(e.message)) return true;
     current = e.cause;
   }

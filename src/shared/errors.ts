@@ -39,7 +39,11 @@ export class PermissionError extends AppError {
 }
 
 export class AuthenticationError extends AppError {
-  constructor(message = 'Missing or invalid API key') {
+  constructor(
+    message = 'Missing or invalid API key',
+    /** RFC 6750: no credentials at all (`missing`) or a bearer token that is not valid. */
+    readonly reason: 'missing' | 'invalid_token' = 'missing',
+  ) {
     super(401, 'missing_api_key', message);
   }
 }

@@ -57,7 +57,7 @@ export async function authenticate(services: Services, cache: TokenCache, reques
     cache.set(secret, caller, now);
     entry = { caller, expiresAt: 0 };
   }
-  if (!entry.caller) throw new AuthenticationError();
+  if (!entry.caller) throw new AuthenticationError('Missing or invalid API key', 'invalid_token');
   return entry.caller;
 }
 

@@ -1,7 +1,7 @@
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors, isResponseSerializationError } from 'fastify-type-provider-zod';
 import { isDependencyDown } from '../../shared/dependency-errors.js';
-import { AppError, type ErrorDetail } from '../../shared/errors.js';
+import { AppError, AuthenticationError, NotFoundError, ValidationError, type ErrorDetail } from '../../shared/errors.js';
 import type { App } from '../types.js';
 
 export interface ErrorBody {
@@ -25,6 +25,56 @@ const FASTIFY_ERRORS: Record<string, { status: number; name: string; message: st
   FST_ERR_CTP_INVALID_TYPE: { status: 415, name: 'unsupported_media_type', message: 'The body must be JSON (Content-Type: application/json)' },
 };
 
+/**
+ * The path (`a.b.0`, as validation details name it) of the first string holding U+0000 in
+ * a parsed request part, `part` itself when the part is that string, or undefined. Keys
+ * count as well as values (jsonb refuses both). Iterative: a deeply nested body cannot
+ * overflow the stack.
+ */
+export function nulPath(value: unknown, part: string): string | undefined {
+  if (!hasNul(value)) return undefined;
+  const stack: Array<[unknown, string]> = [[value, '']];
+  while (stack.length > 0) {
+    const [current, path] = stack.pop()!;
+    if (typeof current === 'string') {
+      if (current.includes('\0')) return path || part;
+    } else if (current !== null && typeof current === 'object') {
+      const at = (key: string) => (path ? `${path}.${key}` : key);
+      if (Array.isArray(current)) {
+        for (let i = current.length - 1; i >= 0; i--) stack.push([current[i], at(String(i))]);
+      } else {
+        for (const key of Object.keys(current)) {
+          if (key.includes('\0')) return at(key.replace(/\0/g, '\\0'));
+          stack.push([(current as Record<string, unknown>)[key], at(key)]);
+        }
+      }
+    }
+  }
+  return undefined;
+}
+
+/** The walk of `nulPath` without building paths: the common case, nothing found, allocates little. */
+function hasNul(value: unknown): boolean {
+  if (typeof value === 'string') return value.includes('\0');
+  if (value === null || typeof value !== 'object') return false;
+  const stack: unknown[] = [value];
+  while (stack.length > 0) {
+    const current = stack.pop();
+    if (typeof current === 'string') {
+      if (current.includes('\0')) return true;
+    } else if (Array.isArray(current)) {
+      for (const item of current) stack.push(item);
+    } else if (current !== null && typeof current === 'object') {
+      for (const key in current) {
+        if (!Object.hasOwn(current, key)) continue;
+        if (key.includes('\0')) return true;
+        stack.push((current as Record<string, unknown>)[key]);
+      }
+    }
+  }
+  return false;
+}
+
 function detailPath(context: string | undefined, instancePath: string): string {
   const path = instancePath.replace(/^\//, '').replace(/\//g, '.');
   if (context === 'querystring' || context === 'params' || context === 'headers') return path || context;
@@ -37,6 +87,12 @@ export function toErrorBody(error: unknown, request: FastifyRequest): ErrorBody 
   if (hasZodFastifySchemaValidationErrors(error)) {
     const status = request.routeOptions.config?.validationStatus ?? 422;
     const context = (error as { validationContext?: string }).validationContext;
+    if (context === 'params') {
+      // A path parameter names a resource: one that fails its schema (an id too long)
+      // names none. Spec 7: an unknown id, email, hostname or name is 404.
+      const first = error.validation[0];
+      return errorBody(404, 'not_found', `No resource at this path (${detailPath(context, first?.instancePath ?? '')}: ${first?.message ?? 'invalid'})`);
+    }
     const details = error.validation.map((v) => ({ path: detailPath(context, v.instancePath), message: v.message ?? 'invalid' }));
     const first = details[0];
     return errorBody(status, 'validation_error', first ? `${first.path}: ${first.message}` : 'Invalid request', details);
@@ -57,14 +113,71 @@ export function toErrorBody(error: unknown, request: FastifyRequest): ErrorBody 
   return errorBody(500, 'internal_error', 'Internal error');
 }
 
+/** `WWW-Authenticate` of a 401 of the API (RFC 6750 section 3): the bearer scheme and its realm. */
+export const BEARER_REALM = 'mailroom';
+
+export function bearerChallenge(error: AuthenticationError): string {
+  return error.reason === 'invalid_token'
+    ? `Bearer realm="${BEARER_REALM}", error="invalid_token", error_description="The API token is not valid"`
+    : `Bearer realm="${BEARER_REALM}"`;
+}
+
+/** The headers an error answer carries besides its body: the 401 challenge, the 503 retry hint. */
+export function errorHeaders(error: unknown, body: ErrorBody, reply: FastifyReply): void {
+  if (error instanceof AuthenticationError) void reply.header('WWW-Authenticate', bearerChallenge(error));
+  if (body.statusCode === 503) void reply.header('Retry-After', '5');
+}
+
+function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?: Error) => void): void {
+  if (nulPath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character'));
+  const where = nulPath(request.query, 'querystring') ?? (request.body === undefined ? undefined : nulPath(request.body, 'body'));
+  if (!where) return done();
+  const message = 'must not contain a NUL character (U+0000)';
+  done(new ValidationError(`${where}: ${message}`, [{ path: where, message }], request.routeOptions.config?.validationStatus ?? 422));
+}
+
+/**
+ * Fastify's router refuses a path before any route or hook sees it when a segment is not
+ * valid percent-encoding (`%FF`, `%E0%A4%A`) or a parameter is longer than `maxParamLength`.
+ * No resource is named by such a path: 404 `not_found` in the spec's shape (contract 4),
+ * rather than Fastify's own body.
+ */
+export function frameworkError(
+  error: FastifyError,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  /** How the interface of that path wraps an error body (v1's envelope). */
+  wrap: (body: ErrorBody) => unknown = (body) => body,
+): void {
+  const message =
+    error.code === 'FST_ERR_MAX_PARAM_LENGTH'
+      ? 'No resource has an identifier this long'
+      : error.code === 'FST_ERR_BAD_URL'
+        ? 'The path is not valid percent-encoding: no resource has this name'
+        : 'Not found';
+  void reply.code(404).header('x-request-id', request.id).send(wrap(errorBody(404, 'not_found', message)));
+}
+
 export function registerErrorHandling(app: App): void {
   app.setErrorHandler((error, request, reply: FastifyReply) => {
     const body = toErrorBody(error, request);
     if (body.statusCode >= 500) {
       request.log.error({ err: error }, body.statusCode === 503 ? 'dependency unavailable' : 'request failed');
     }
-    if (body.statusCode === 503) void reply.header('Retry-After', '5');
+    errorHeaders(error, body, reply);
     return reply.code(body.statusCode).send(body);
+  });
+  // PostgreSQL text cannot hold U+0000: a NUL anywhere in a path, query or body is refused
+  // before the handler, in the spec's error shape, instead of failing deep in a query. Only
+  // routes that take input get the check (after their own preValidation, so the provider
+  // webhook still checks its signature first); /healthz and the like pay nothing.
+  app.addHook('onRoute', (route) => {
+    if (route.config?.acceptsNul) return;
+    const schema = route.schema as { params?: unknown; querystring?: unknown; body?: unknown } | undefined;
+    const takesInput = route.url.includes(':') || route.url.includes('*') || schema?.params || schema?.querystring || schema?.body;
+    if (!takesInput) return;
+    const own = route.preValidation === undefined ? [] : Array.isArray(route.preValidation) ? route.preValidation : [route.preValidation];
+    route.preValidation = [...own, refuseNul];
   });
   app.setNotFoundHandler((request, reply) => {
     return reply.code(404).send(errorBody(404, 'not_found', `No route ${request.method} ${request.url.split('?')[0]}`));

@@ -1,4 +1,5 @@
 import type { FastifyRequest } from 'fastify';
+import { errorBody } from '../plugins/errors.js';
 import type { App } from '../types.js';
 
 /** A v2 request a tool or a v1 path stands for. */
@@ -8,8 +9,17 @@ export interface EndpointRequest {
   url: string;
   body?: unknown;
   query?: Record<string, string | number | boolean | undefined>;
-  headers?: Record<string, string | undefined>;
+  /** Request headers of the endpoint beyond the caller's own; only `FORWARDABLE_HEADERS`. */
+  headers?: Partial<Record<ForwardableHeader, string>>;
 }
+
+/**
+ * The only headers a tool or a v1 path may add to the request it dispatches. Everything
+ * else is set here (`authorization`, `x-request-id`, `content-type`), after these, so no
+ * tool argument or client value can run the endpoint under another token or identity.
+ */
+export const FORWARDABLE_HEADERS = ['idempotency-key'] as const;
+export type ForwardableHeader = (typeof FORWARDABLE_HEADERS)[number];
 
 export interface EndpointResponse {
   statusCode: number;
@@ -27,9 +37,20 @@ const FORWARDED_HEADERS = ['retry-after', 'ratelimit-limit', 'ratelimit-remainin
  * quotas are exactly the endpoint's, because it is the endpoint that answers.
  */
 export async function dispatch(app: App, from: FastifyRequest, target: EndpointRequest): Promise<EndpointResponse> {
-  const headers: Record<string, string> = { 'x-request-id': from.id };
+  if (hasDotSegment(target.url)) {
+    // `app.inject` resolves `.` and `..` like a browser: `/subscribers/../tags` would run
+    // another endpoint than the one the tool or the v1 path stands for. No id is `.` or `..`.
+    return { statusCode: 404, body: errorBody(404, 'not_found', 'No resource is named "." or ".."'), headers: {} };
+  }
+  const headers: Record<string, string> = {};
+  for (const name of FORWARDABLE_HEADERS) {
+    const value = target.headers?.[name];
+    if (value !== undefined) headers[name] = value;
+  }
+  // Set last, whatever the target asked for: the endpoint runs as the caller, and only as the caller.
+  headers['x-request-id'] = from.id;
   if (from.headers.authorization) headers.authorization = from.headers.authorization;
-  for (const [name, value] of Object.entries(target.headers ?? {})) if (value !== undefined) headers[name] = value;
+  if (target.body !== undefined) headers['content-type'] = 'application/json';
   const query: Record<string, string> = {};
   for (const [name, value] of Object.entries(target.query ?? {})) if (value !== undefined) query[name] = String(value);
 
@@ -38,7 +59,7 @@ export async function dispatch(app: App, from: FastifyRequest, target: EndpointR
     url: target.url,
     query,
     headers,
-    ...(target.body === undefined ? {} : { payload: JSON.stringify(target.body), headers: { ...headers, 'content-type': 'application/json' } }),
+    ...(target.body === undefined ? {} : { payload: JSON.stringify(target.body) }),
   });
 
   const forwarded: Record<string, string> = {};
@@ -55,6 +76,12 @@ function parseJson(text: string): unknown {
   } catch {
     return text;
   }
+}
+
+/** Whether a path has a `.` or `..` segment, literally or percent-encoded (`%2e`). */
+function hasDotSegment(url: string): boolean {
+  const path = url.split('?')[0] ?? '';
+  return path.split('/').some((part) => /^(?:\.|%2e){1,2}$/i.test(part));
 }
 
 /** `encodeURIComponent` for one path segment. */

@@ -63,7 +63,9 @@ function onlyToolCalls(body: unknown): boolean {
  */
 export function mcpRoutes(limiter: RateLimiter) {
   return async (app: App): Promise<void> => {
-    app.post('/mcp', { schema: { hide: true } }, async (request, reply) => {
+    // Its JSON-RPC body is read by the MCP server; tool arguments reach an endpoint, which
+    // refuses U+0000 itself (as a tool error the client can read).
+    app.post('/mcp', { schema: { hide: true }, config: { acceptsNul: true } }, async (request, reply) => {
       if (!onlyToolCalls(request.body)) await rateLimit(limiter, request.caller, reply);
       const server = serverFor(app, request);
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });

@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
-import { errorBody, toErrorBody } from '../plugins/errors.js';
+import { errorBody, errorHeaders, toErrorBody } from '../plugins/errors.js';
 import { dispatch, segment, type EndpointRequest } from '../tools/dispatch.js';
 import type { App } from '../types.js';
 import { sendWrapped, v1Error } from './envelope.js';
@@ -125,7 +125,7 @@ async function forwardWholeList(app: App, request: FastifyRequest, reply: Fastif
   return sendWrapped(reply, { ...response, body: pageItems }, { pagination: { page, limit, hasMore, nextCursor } });
 }
 
-function forwardedHeaders(request: FastifyRequest): Record<string, string | undefined> {
+function forwardedHeaders(request: FastifyRequest): EndpointRequest['headers'] {
   const key = request.headers['idempotency-key'];
   return { 'idempotency-key': typeof key === 'string' ? key : undefined };
 }
@@ -134,6 +134,7 @@ export async function v1Routes(app: App): Promise<void> {
   app.setErrorHandler((error, request, reply) => {
     const body = toErrorBody(error, request);
     if (body.statusCode >= 500) request.log.error({ err: error }, 'request failed');
+    errorHeaders(error, body, reply);
     return reply.code(body.statusCode).send(v1Error(body));
   });
   app.setNotFoundHandler((request, reply) =>
