@@ -3,7 +3,7 @@ import { bearer, createOrg, createTestContext, type TestContext } from './helper
 
 // An organization deleted by an operator (`delete from organizations`) takes every row of
 // its own with it: the foreign keys cascade, and email_events (no foreign key, hot insert)
-// follows its emails through a trigger (migration 20261124090000-email-events-cleanup).
+// follows its emails through a trigger (migration 20261123070000-email-events-cleanup).
 let ctx: TestContext;
 
 beforeAll(async () => {

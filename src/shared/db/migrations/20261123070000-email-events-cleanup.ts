@@ -7,7 +7,7 @@ import { Migration } from '@mikro-orm/migrations';
  * rows a statement (or a cascade) removes: nothing is added to the insert path, and the
  * delete finds the events through `email_events_email_idx`.
  */
-export class Migration20261124090000EmailEventsCleanup extends Migration {
+export class Migration20261123070000EmailEventsCleanup extends Migration {
   override async up(): Promise<void> {
     this.addSql(`
       create function email_events_of_deleted_emails() returns trigger language plpgsql as $$
