@@ -60,18 +60,11 @@ function storeOf(services: Services): DeliveryStore {
 async function send(payload: { emailId: string; throttled?: number }, ctx: JobContext) {
   const { job } = ctx;
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
-  // An email whose recipients are all suppressed is failed here and never handed over; the
-  // others get tracking, and go out without their suppressed recipients.
+  // Suppressed recipients are failed here and never handed over; the others get tracking.
   const gate = await sendGateOf(ctx.services).check(payload.emailId);
   if (gate.suppressed) return { outcome: 'failed' as const, reason: 'suppressed' };
-  if (gate.skipRecipients.length > 0) ctx.log.info({ emailId: payload.emailId, skipped: gate.skipRecipients.length }, 'suppressed recipients left out');
   try {
-    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, {
-      finalAttempt,
-      log: ctx.log,
-      decorateHtml: gate.decorateHtml,
-      skipRecipients: gate.skipRecipients,
-    });
+    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log, decorateHtml: gate.decorateHtml });
     if (result.outcome === 'failed') ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
     return result;
   } catch (error) {

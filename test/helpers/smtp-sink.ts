@@ -16,8 +16,6 @@ export interface SmtpSink {
   messages: ParsedMail[];
   /** The raw RFC 5322 bytes of each parsed message, in the same order (DKIM checks). */
   raw: Buffer[];
-  /** The envelope recipients (RCPT TO) of each parsed message, in the same order. */
-  envelopes: string[][];
   /** Raw count, cheaper than parsing (benchmarks). */
   accepted: number;
   answer?: (recipient: string) => SinkReply | undefined;
@@ -30,7 +28,6 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
     url: '',
     messages: [],
     raw: [],
-    envelopes: [],
     accepted: 0,
     close: async () => {},
   };
@@ -48,7 +45,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
       }
       callback();
     },
-    onData(stream, session, callback) {
+    onData(stream, _session, callback) {
       if (!parse) {
         stream.on('data', () => {});
         stream.on('end', () => {
@@ -67,7 +64,6 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
         ({ raw, mail }) => {
           sink.messages.push(mail);
           sink.raw.push(raw);
-          sink.envelopes.push(session.envelope.rcptTo.map((a) => a.address));
           sink.accepted++;
           callback();
         },

@@ -170,14 +170,7 @@ export async function deliverEmail(
   store: DeliveryStore,
   transport: MailTransport,
   emailId: string,
-  options: {
-    finalAttempt: boolean;
-    log?: Logger;
-    /** Adds open/click tracking to the HTML handed over (not stored). */
-    decorateHtml?: (html: string) => string;
-    /** Suppressed recipients, left out of the envelope (the send gate's decision). */
-    skipRecipients?: readonly string[];
-  },
+  options: { finalAttempt: boolean; log?: Logger; /** Adds open/click tracking to the HTML handed over (not stored). */ decorateHtml?: (html: string) => string },
 ): Promise<DeliverOutcome> {
   let row = await store.claim(emailId);
   // The reclaim token when this run took the email over from a dead worker.
@@ -242,7 +235,6 @@ export async function deliverEmail(
       messageId,
       fromDomain,
       headers: row.headers,
-      skipRecipients: options.skipRecipients,
       beforeCommit: fence
         ? async () => {
             let owned: boolean;

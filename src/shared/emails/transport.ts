@@ -27,11 +27,6 @@ export interface OutgoingMessage {
   fromDomain: string;
   headers?: Record<string, string>;
   /**
-   * Bare, lower-cased addresses left out of the SMTP envelope (suppressed recipients): the
-   * headers keep what the sender wrote, but only the other recipients are given the message.
-   */
-  skipRecipients?: readonly string[];
-  /**
    * Awaited right before the message is committed (SMTP: before the final `.` of DATA, so
    * the relay cannot have it yet); when it throws, the hand-over is aborted and the relay
    * discards the message.
@@ -158,8 +153,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       // was the largest single cost of building a message.
       const node = new MailComposer({ ...mail, textEncoding: 'base64' }).compile();
       const raw = await node.build();
-      const envelope = withoutSkipped(node.getEnvelope(), message.skipRecipients);
-      const info = await transporter.sendMail({ raw, envelope, dkim: key, beforeCommit: message.beforeCommit } as SendMailOptions);
+      const info = await transporter.sendMail({ raw, envelope: node.getEnvelope(), dkim: key, beforeCommit: message.beforeCommit } as SendMailOptions);
       return { delivered: false, response: info.response };
     },
     setDkimResolver(resolver) {
@@ -169,13 +163,6 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       transporter.close();
     },
   };
-}
-
-/** The envelope without the recipients to skip (compared bare and lower-cased). */
-export function withoutSkipped<E extends { to: string[] }>(envelope: E, skip: readonly string[] | undefined): E {
-  if (!skip || skip.length === 0) return envelope;
-  const skipped = new Set(skip);
-  return { ...envelope, to: envelope.to.filter((address) => !skipped.has(address.trim().toLowerCase())) };
 }
 
 /** `inner`, read lazily, whose end waits for `hook` (and becomes an error when it throws). */
