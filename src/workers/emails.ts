@@ -62,7 +62,13 @@ async function send(payload: { emailId: string; throttled?: number }, ctx: JobCo
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
   try {
     // Suppressed recipients are failed by the claim and never handed over (send-gate.ts).
-    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log });
+    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, {
+      finalAttempt,
+      // The job's logger is made only if something is logged.
+      get log() {
+        return ctx.log;
+      },
+    });
     if (result.outcome === 'failed' && result.reason !== SUPPRESSED_REASON) ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
     return result;
   } catch (error) {
