@@ -56,11 +56,21 @@ try {
     const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
     return (Number(stat[11]) + Number(stat[12])) * 10;
   };
+  // The PostgreSQL backends serving the worker (PostgreSQL runs on this host) and the sink:
+  // their CPU an email too, since they share the cores with the worker.
+  const otherCpuMs = async () => {
+    const backends = await em.execute<{ pid: number }[]>(`select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()`);
+    const pids = new Map<string, number>([['sink', sink.pid!], ...backends.map((b) => [`pg${b.pid}`, b.pid] as [string, number])]);
+    const [stats] = await em.execute<{ commits: string }[]>(`select xact_commit as commits from pg_stat_database where datname = current_database()`);
+    const out = new Map<string, number>([['commits', Number(stats!.commits)]]);
+    for (const [name, pid] of pids) out.set(name, await cpuMs(pid).catch(() => 0));
+    return out;
+  };
   const started = Date.now();
-  let warm: { cpu: number; done: number } | undefined;
+  let warm: { cpu: number; done: number; others: Map<string, number> } | undefined;
   for (;;) {
     const [row] = await em.execute<{ n: string }[]>(`select count(*) as n from emails where status in ('sent', 'failed')`);
-    if (!warm && Number(row!.n) > 0) warm = { cpu: await cpuMs(worker.pid!), done: Number(row!.n) };
+    if (!warm && Number(row!.n) > 0) warm = { cpu: await cpuMs(worker.pid!), done: Number(row!.n), others: await otherCpuMs() };
     if (Number(row!.n) >= TOTAL) break;
     if (Date.now() - started > 600_000) throw new Error('workers did not finish in 10 minutes');
     await new Promise((r) => setTimeout(r, 100));
@@ -68,6 +78,13 @@ try {
   clearInterval(rssTimer);
   const workerCpuMs = await cpuMs(worker.pid!);
   const steadyCpuMs = (workerCpuMs - warm!.cpu) / (TOTAL - warm!.done);
+  const others = await otherCpuMs();
+  const spent = (prefix: string) =>
+    [...others].filter(([name]) => name.startsWith(prefix)).reduce((sum, [name, ms]) => sum + ms - (warm!.others.get(name) ?? 0), 0) / (TOTAL - warm!.done);
+  const sinkSteadyMs = spent('sink');
+  const pgSteadyMs = spent('pg');
+  // Transactions (statements outside a transaction) an email, the poll of this loop included.
+  const commitsPerEmail = spent('commits');
   const [span] = await em.execute<{ first: Date; last: Date; sent: string; failed: string }[]>(
     `select min(claimed_at) as first, max(sent_at) as last, count(*) filter (where status = 'sent') as sent, count(*) filter (where status = 'failed') as failed from emails`,
   );
@@ -107,6 +124,7 @@ try {
   console.log('');
   console.log(`workers: ${fmt(Number(span!.sent))} sent, ${span!.failed} failed in ${fmt(seconds, 2)} s = ${fmt(workerRate)} emails/s (target >= 800); sink received ${fmt(received)}`);
   console.log(`worker peak RSS: ${fmt(peakRss / 1024 / 1024)} MiB; worker CPU ${fmt(steadyCpuMs, 3)} ms an email once started (start-up: ${fmt(warm!.cpu)} ms)`);
+  console.log(`PostgreSQL backends of the worker: ${fmt(pgSteadyMs, 3)} ms CPU an email, ${fmt(commitsPerEmail, 2)} commits an email; SMTP sink: ${fmt(sinkSteadyMs, 3)} ms an email`);
   console.log(`direct nodemailer (same message pre-rendered, pool of ${MAX_CONNECTIONS}): ${fmt(directRate)} emails/s (runs: ${runs.map((r) => fmt(r.rate)).join(', ')}); CPU ${fmt(directCpuMs / TOTAL, 3)} ms an email`);
   const [load] = await readFile('/proc/loadavg', 'utf8').then((s) => s.split(' '));
   console.log(`load average during the run: ${load} (2 cores)`);

@@ -54,7 +54,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     metrics: createMetrics({ producer, orm, logger }),
     mailer: createMailTransport(config.mail, {
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
-      dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
+      dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
     }),
   };
 }

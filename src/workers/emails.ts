@@ -1,6 +1,6 @@
 import { DelayedError } from 'bullmq';
 import type { Services } from '../shared/container.js';
-import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError } from '../shared/emails/deliver.js';
+import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
 import { HandoverFence } from '../shared/emails/handover.js';
 import { sendGateOf } from '../shared/outcomes/send-gate.js';
 import { purgeIdempotencyKeys, queueForSource, sendJob, type EmailQueueName } from '../shared/emails/service.js';
@@ -51,7 +51,7 @@ const stores = new WeakMap<Services, DeliveryStore>();
 function storeOf(services: Services): DeliveryStore {
   let store = stores.get(services);
   if (!store) {
-    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix));
+    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix), sendGateOf(services));
     stores.set(services, store);
   }
   return store;
@@ -60,12 +60,16 @@ function storeOf(services: Services): DeliveryStore {
 async function send(payload: { emailId: string; throttled?: number }, ctx: JobContext) {
   const { job } = ctx;
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
-  // Suppressed recipients are failed here and never handed over; the others get tracking.
-  const gate = await sendGateOf(ctx.services).check(payload.emailId);
-  if (gate.suppressed) return { outcome: 'failed' as const, reason: 'suppressed' };
   try {
-    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, { finalAttempt, log: ctx.log, decorateHtml: gate.decorateHtml });
-    if (result.outcome === 'failed') ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
+    // Suppressed recipients are failed by the claim and never handed over (send-gate.ts).
+    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, {
+      finalAttempt,
+      // The job's logger is made only if something is logged.
+      get log() {
+        return ctx.log;
+      },
+    });
+    if (result.outcome === 'failed' && result.reason !== SUPPRESSED_REASON) ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
     return result;
   } catch (error) {
     if (error instanceof RetryLaterError && error.throttle && job.token) {

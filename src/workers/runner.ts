@@ -1,4 +1,3 @@
-import { RequestContext } from '@mikro-orm/core';
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { DelayedError, Worker, type Job, type WorkerOptions } from 'bullmq';
 import type { Redis } from 'ioredis';
@@ -62,35 +61,44 @@ export async function startWorkers(
   for (const processor of chosen) {
     const queue = processor.queue;
     services.metrics.workerPaused.set({ queue }, 0);
+    // This queue's series, looked up once rather than by their labels on every job.
+    const metrics = {
+      completed: services.metrics.jobDuration.labels({ queue, outcome: 'completed' }),
+      failed: services.metrics.jobDuration.labels({ queue, outcome: 'failed' }),
+      deferred: services.metrics.jobDuration.labels({ queue, outcome: 'deferred' }),
+      jobsCompleted: services.metrics.jobsCompleted.labels({ queue }),
+      jobsFailed: services.metrics.jobsFailed.labels({ queue }),
+      jobsDeferred: services.metrics.jobsDeferred.labels({ queue }),
+    };
     const worker = new Worker(
       queue,
       async (job, token) => {
         // Taken after the guard tripped (a blocking fetch already under way): put it back untouched.
         if (guard.down) {
-          services.metrics.jobsDeferred.inc({ queue });
+          metrics.jobsDeferred.inc();
           return deferJob(job, token, undefined);
         }
-        const log = services.logger.child({ queue, job: job.name, jobId: job.id, attempt: job.attemptsMade + 1 });
-        const stopTimer = services.metrics.jobDuration.startTimer({ queue });
+        const started = performance.now();
+        const ctx = new LazyJobContext(services, job, queue);
         try {
           const handler = (processor.handlers as Record<string, JobHandler<QueueName, never>>)[job.name];
           if (!handler) throw new Error(`no handler for job ${job.name} on queue ${queue}`);
           const payload = parsePayload(queue, job.name, job.data) as never;
-          const em = services.orm.em.fork();
-          const result = await RequestContext.create(em, () => handler(payload, { services, em, log, job }));
-          stopTimer({ outcome: 'completed' });
-          services.metrics.jobsCompleted.inc({ queue });
+          const result = await handler(payload, ctx);
+          metrics.completed.observe((performance.now() - started) / 1000);
+          metrics.jobsCompleted.inc();
           return result;
         } catch (error) {
           if (!isDependencyDown(error)) {
-            stopTimer({ outcome: 'failed' });
-            services.metrics.jobsFailed.inc({ queue });
+            metrics.failed.observe((performance.now() - started) / 1000);
+            metrics.jobsFailed.inc();
             throw error;
           }
+          const log = ctx.log;
           // PostgreSQL or Redis is down: the job is not at fault, so it must not spend an
           // attempt. Stop taking jobs until both answer, and put this one back for later.
-          stopTimer({ outcome: 'deferred' });
-          services.metrics.jobsDeferred.inc({ queue });
+          metrics.deferred.observe((performance.now() - started) / 1000);
+          metrics.jobsDeferred.inc();
           log.warn({ err: error }, 'dependency down: job put back, worker pausing');
           guard.trip();
           return deferJob(job, token, error);
@@ -135,6 +143,33 @@ export async function startWorkers(
       await Promise.all(workers.map((w) => w.close()));
     },
   };
+}
+
+/**
+ * The context of one job. Its fork and child logger are made on first use: a job that
+ * needs neither (a send writes through its own batched statements and logs only when
+ * something goes wrong) costs neither. No RequestContext: handlers use `ctx.em` (the
+ * global EntityManager throws, allowGlobalContext is false), and the AsyncLocalStorage of
+ * RequestContext would put a hook on every promise of the process.
+ */
+class LazyJobContext implements JobContext {
+  private fork: EntityManager | undefined;
+  private logger: Logger | undefined;
+
+  constructor(
+    readonly services: Services,
+    readonly job: Job,
+    private readonly queue: QueueName,
+  ) {}
+
+  get em(): EntityManager {
+    return (this.fork ??= this.services.orm.em.fork());
+  }
+
+  get log(): Logger {
+    const { job } = this;
+    return (this.logger ??= this.services.logger.child({ queue: this.queue, job: job.name, jobId: job.id, attempt: job.attemptsMade + 1 }));
+  }
 }
 
 // A put-back job becomes due again after this long. Workers of this process stay paused

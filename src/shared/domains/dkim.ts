@@ -85,19 +85,27 @@ const defaultCache = new DkimKeyCache();
  * from it is allowed at all is `assertSendingDomainAllowed`.
  */
 export async function dkimOptionsFor(
-  em: EntityManager,
+  /** Or a function giving one: a send answered from the cache then makes no fork. */
+  em: EntityManager | (() => EntityManager),
   box: SecretBox,
   organizationId: string,
   fromDomain: string,
   cache: DkimKeyCache = defaultCache,
 ): Promise<DkimSigningOptions | null> {
+  const now = Date.now();
+  // Looked up as given first (every send asks): normalizing a hostname costs more than the lookup.
+  const givenKey = `${organizationId}:${fromDomain}`;
+  const given = cache.get(givenKey, now);
+  if (given) return given.value;
   const hostname = fromDomain.includes('@') ? addressDomain(fromDomain) : normalizeHostname(fromDomain);
   if (!hostname) return null;
   const key = `${organizationId}:${hostname}`;
-  const now = Date.now();
   const cached = cache.get(key, now);
-  if (cached) return cached.value;
-  const domain = await em.findOne(Domain, { organizationId, domain: hostname }, { fields: ['domain', 'dkimSelector', 'dkimPrivateKeySealed'] });
+  if (cached) {
+    cache.set(givenKey, cached.value, now);
+    return cached.value;
+  }
+  const domain = await (typeof em === 'function' ? em() : em).findOne(Domain, { organizationId, domain: hostname }, { fields: ['domain', 'dkimSelector', 'dkimPrivateKeySealed'] });
   const value = domain
     ? {
         domainName: domain.domain,
@@ -107,6 +115,7 @@ export async function dkimOptionsFor(
       }
     : null;
   cache.set(key, value, now);
+  if (givenKey !== key) cache.set(givenKey, value, now);
   return value;
 }
 

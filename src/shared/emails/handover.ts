@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
+import { Coalescer } from './coalescer.js';
 
 /**
  * The hand-over fence: one Redis key an email, `{prefix}:handover:{email id}`, that records
@@ -67,10 +68,22 @@ export class HandoverFence {
     return result === 1;
   }
 
-  /** The provider accepted: recorded before the (group-committed) status write. */
-  async accepted(emailId: string, messageId: string): Promise<void> {
-    await this.redis.set(this.key(emailId), `accepted:${messageId}`, 'PX', this.ttlMs);
+  /**
+   * The provider accepted: recorded before the (group-committed) status write. The
+   * acceptances of one turn of the event loop go to Redis as one pipeline (one write).
+   */
+  accepted(emailId: string, messageId: string): Promise<void> {
+    return this.acceptances.submit([emailId, messageId]);
   }
+
+  private readonly acceptances = new Coalescer<[string, string], void>(async (items) => {
+    const pipeline = this.redis.pipeline();
+    for (const [emailId, messageId] of items) pipeline.set(this.key(emailId), `accepted:${messageId}`, 'PX', this.ttlMs);
+    const replies = (await pipeline.exec()) ?? [];
+    const failed = replies.find(([error]) => error)?.[0];
+    if (failed || replies.length !== items.length) throw failed ?? new Error('Redis did not answer every acceptance');
+    return items.map(() => undefined);
+  });
 
   async read(emailId: string): Promise<string | null> {
     return this.redis.get(this.key(emailId));

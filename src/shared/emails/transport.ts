@@ -1,10 +1,10 @@
 import { mkdir, rename, writeFile } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
-import { Readable } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
 import nodemailer, { type SendMailOptions, type Transporter } from 'nodemailer';
 import MailComposer from 'nodemailer/lib/mail-composer/index.js';
-import type DKIM from 'nodemailer/lib/dkim/index.js';
+import DKIM from 'nodemailer/lib/dkim/index.js';
 import type { Config } from '../config.js';
 
 /** One message as handed to the provider. */
@@ -132,28 +132,33 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
     greetingTimeout: 10_000,
     socketTimeout: 60_000,
   });
-  // The pool reads a message's stream only once the relay answered DATA with 354; its end is
-  // held until `beforeCommit` resolves, so the final `.` follows it.
-  transporter.use('stream', (mail, done) => {
-    const hook = (mail.data as { beforeCommit?: () => Promise<void> }).beforeCommit;
-    if (hook) {
-      const node = mail.message as unknown as { createReadStream(options?: unknown): Readable };
-      const original = node.createReadStream.bind(node);
-      node.createReadStream = (options?: unknown) => holdEnd(original(options), hook);
-    }
-    done();
-  });
+  // The pool itself (the transport under nodemailer's Mail): the message is compiled and
+  // built here once, and handed to it as it is; Mail.sendMail would parse the built message
+  // again (a second compile, Message-ID and boundaries generated anew) before sending it.
+  const pool = (transporter as unknown as { transporter: SmtpPool }).transporter;
   return {
     kind: 'smtp',
     async send(message) {
-      // Built into one buffer first, so the socket gets a few large writes rather than
-      // one per MIME line (with TCP_NODELAY each write would be a packet).
       const { dkim: key, ...mail } = await withDkim(message);
       // base64 is encoded natively; quoted-printable is a JS loop over every character and
       // was the largest single cost of building a message.
       const node = new MailComposer({ ...mail, textEncoding: 'base64' }).compile();
+      // Built into one buffer first, so the socket gets a few large writes rather than
+      // one per MIME line (with TCP_NODELAY each write would be a packet).
       const raw = await node.build();
-      const info = await transporter.sendMail({ raw, envelope: node.getEnvelope(), dkim: key, beforeCommit: message.beforeCommit } as SendMailOptions);
+      const hook = message.beforeCommit;
+      // The compiled node gives the pool the envelope and Message-ID; what it streams is the
+      // built message, DKIM-signed when there is a key. The pool reads it only once the relay
+      // answered DATA with 354; its end is held until `beforeCommit` resolves, so the final
+      // `.` follows it.
+      node.createReadStream = () => {
+        const signed: Readable = key ? new DKIM(key).sign(raw) : new PassThrough().end(raw);
+        return hook ? holdEnd(signed, hook) : signed;
+      };
+      const info = await new Promise<{ response?: string }>((resolve, reject) => {
+        const queued = pool.send({ data: {}, message: node }, (error, sent) => (error ? reject(error) : resolve(sent ?? {})));
+        if (!queued) reject(Object.assign(new Error('the SMTP pool is closed'), { code: 'ECONNECTION' }));
+      });
       return { delivered: false, response: info.response };
     },
     setDkimResolver(resolver) {
@@ -163,6 +168,11 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       transporter.close();
     },
   };
+}
+
+/** What the Mail layer hands the SMTP pool: the message node (envelope, Message-ID, stream). */
+interface SmtpPool {
+  send(mail: { data: object; message: unknown }, callback: (error: Error | null, info?: { response?: string }) => void): boolean;
 }
 
 /** `inner`, read lazily, whose end waits for `hook` (and becomes an error when it throws). */

@@ -1,76 +1,49 @@
 import type { Services } from '../container.js';
-import type { Orm } from '../db/orm.js';
-import { Coalescer } from '../emails/coalescer.js';
 import { addTracking } from './tracking-html.js';
 
 /** The bare, lower-cased address of `emails.to_address` (`addr` or `Name <addr>`), in SQL. */
 export const TO_ADDRESS_SQL = `lower(trim(coalesce(substring(e.to_address from '<([^<>]+)>\\s*$'), e.to_address)))`;
 
-export type GateDecision =
-  /** On the organization's suppression list: the row is now failed (reason "suppressed"). */
-  | { suppressed: true }
-  | { suppressed: false; decorateHtml: (html: string) => string };
+/** In SQL, of an email `e`: its recipient is on its organization's suppression list. */
+export const SUPPRESSED_SQL = `exists (select 1 from suppressions s where s.organization_id = e.organization_id and s.address = ${TO_ADDRESS_SQL})`;
 
-interface GateRow {
-  id: string;
-  track_opens: boolean;
-  track_clicks: boolean;
-  suppressed: boolean;
+/** An organization's `trackOpens` / `trackClicks`, as read with the email's claim. */
+export interface TrackingSettings {
+  trackOpens: boolean;
+  trackClicks: boolean;
 }
 
 /**
- * The outcomes' check in the send path, just before an email is claimed and handed over:
- * a queued email whose recipient is suppressed in its organization is failed here (a
- * conditional update, so it is never sent); the others get the organization's tracking
- * settings. The lookups of the jobs running at once are one statement (group commit).
+ * The outcomes' part of the send path, applied where an email is claimed and handed over
+ * (emails/deliver.ts): the claim, one batched statement for the jobs running at once, fails
+ * a queued email whose recipient is suppressed in its organization instead of claiming it
+ * (SUPPRESSED_SQL, so it is never sent) and reads the organization's tracking settings; the
+ * gate counts the suppressed ones and turns the settings into the HTML handed over.
  */
 export class SendGate {
-  private readonly lookups: Coalescer<string, GateRow | undefined>;
+  constructor(private readonly options: { publicUrl: string; signer: Services['signer']; onSuppressed?: () => void }) {}
 
-  constructor(
-    orm: Orm,
-    private readonly options: { publicUrl: string; signer: Services['signer']; onSuppressed?: () => void },
-  ) {
-    this.lookups = new Coalescer(async (ids) => {
-      const rows = await orm.em.fork().execute<GateRow[]>(
-        `with ids as (select distinct jsonb_array_elements_text(?::jsonb) as id),
-         failed as (
-           update emails e set status = 'failed', failure_reason = 'suppressed', updated_at = now()
-           from ids
-           where e.id = ids.id and e.status = 'queued'
-             and exists (select 1 from suppressions s where s.organization_id = e.organization_id and s.address = ${TO_ADDRESS_SQL})
-           returning e.id)
-         select e.id, o.track_opens, o.track_clicks, (f.id is not null) as suppressed
-         from ids join emails e on e.id = ids.id join organizations o on o.id = e.organization_id
-         left join failed f on f.id = e.id`,
-        [JSON.stringify(ids)],
-        'all',
-      );
-      const byId = new Map(rows.map((r) => [r.id, r]));
-      return ids.map((id) => byId.get(id));
-    });
+  /** An email was failed because its recipient is suppressed. */
+  suppressed(): void {
+    this.options.onSuppressed?.();
   }
 
-  async check(emailId: string): Promise<GateDecision> {
-    const row = await this.lookups.submit(emailId);
-    if (row?.suppressed) {
-      this.options.onSuppressed?.();
-      return { suppressed: true };
-    }
-    const trackOpens = row?.track_opens ?? false;
-    const trackClicks = row?.track_clicks ?? false;
+  /** What the rendered HTML of an email goes through before it is handed over (not stored). */
+  decorator(emailId: string, settings: TrackingSettings): ((html: string) => string) | undefined {
+    const { trackOpens, trackClicks } = settings;
+    if (!trackOpens && !trackClicks) return undefined;
     const { publicUrl, signer } = this.options;
-    return { suppressed: false, decorateHtml: (html) => addTracking(html, { emailId, trackOpens, trackClicks, publicUrl, signer }) };
+    return (html) => addTracking(html, { emailId, trackOpens, trackClicks, publicUrl, signer });
   }
 }
 
 const gates = new WeakMap<Services, SendGate>();
 
-/** One gate (and its batched lookups) per process's services. */
+/** One gate per process's services. */
 export function sendGateOf(services: Services): SendGate {
   let gate = gates.get(services);
   if (!gate) {
-    gate = new SendGate(services.orm, {
+    gate = new SendGate({
       publicUrl: services.config.publicUrl,
       signer: services.signer,
       onSuppressed: () => services.metrics.emailsFailed.inc({ reason: 'suppressed' }),
