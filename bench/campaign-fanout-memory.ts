@@ -22,8 +22,6 @@ try {
   let pages = 0;
   const result = await runFanOut(bench.services.orm.em.fork(), {
     producer: bench.services.producer,
-    signer: bench.services.signer,
-    publicUrl: 'https://mail.acme.test',
     logger: bench.services.logger,
     pageSize: bench.config.campaignFanoutPage,
     now: () => new Date(),

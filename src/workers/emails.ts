@@ -51,7 +51,10 @@ const stores = new WeakMap<Services, DeliveryStore>();
 function storeOf(services: Services): DeliveryStore {
   let store = stores.get(services);
   if (!store) {
-    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix));
+    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix), {
+      signer: services.signer,
+      publicUrl: services.config.publicUrl,
+    });
     stores.set(services, store);
   }
   return store;

@@ -4,6 +4,8 @@ import type { Orm } from '../db/orm.js';
 import { Coalescer } from './coalescer.js';
 import { FenceLostError, type HandoverFence } from './handover.js';
 import type { Logger } from '../logger.js';
+import type { LinkSigner } from '../crypto.js';
+import { personalizeCampaignEmail, type CampaignEmailParts } from '../campaigns/personalize.js';
 import { mailboxDomain } from './addresses.js';
 import { renderEmail } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
@@ -25,7 +27,7 @@ export type DeliverOutcome =
   | { outcome: 'failed'; reason: string }
   | { outcome: 'skipped'; status: string };
 
-interface ClaimedRow {
+interface ClaimedRow extends CampaignEmailParts {
   id: string;
   organization_id: string;
   from_address: string;
@@ -41,12 +43,32 @@ interface ClaimedRow {
   headers: Record<string, string>;
 }
 
+/** The columns a hand-over reads; a campaign email also gets its template and subscriber. */
+const CLAIMED_COLUMNS = `id, organization_id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers, campaign_id, subscriber_id`;
+function withCampaignParts(update: string): string {
+  return `with claimed as (${update} returning ${CLAIMED_COLUMNS})
+    select c.*, t.subject as template_subject, t.html as template_html, t.text as template_text, s.name as subscriber_name, s.fields as subscriber_fields
+    from claimed c
+    left join campaign_templates t on c.content_kind = 'campaign' and t.campaign_id = c.campaign_id
+    left join subscribers s on c.content_kind = 'campaign' and s.id = c.subscriber_id`;
+}
+
 interface SentRecord {
   id: string;
   message_id: string;
   html: string;
   text: string;
+  /** A campaign email's personalised subject (its row holds the template's until sent). */
+  subject?: string;
   delivered: boolean;
+}
+
+/** What is handed over: the row rendered (or, for a campaign email, personalised). */
+interface Message {
+  subject: string;
+  html: string;
+  text: string;
+  headers: Record<string, string>;
 }
 
 /**
@@ -62,6 +84,8 @@ export class DeliveryStore {
     private readonly orm: Orm,
     /** Without one (unit use), a `sending` row found by a job is never taken over. */
     readonly fence?: HandoverFence,
+    /** Signs the unsubscribe links of campaign emails; without it they cannot be sent. */
+    private readonly links?: { signer: LinkSigner; publicUrl: string },
   ) {
     this.claims = new Coalescer(async (ids) => {
       // The same id twice in one statement would be claimed once but returned to both
@@ -76,9 +100,8 @@ export class DeliveryStore {
         [JSON.stringify(unique)],
       );
       const rows = await this.query<ClaimedRow>(
-        `update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
-         where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'
-         returning id, organization_id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
+        withCampaignParts(`update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
+         where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'`),
         [JSON.stringify(unique)],
       );
       const byId = new Map(rows.map((r) => [r.id, r]));
@@ -93,8 +116,9 @@ export class DeliveryStore {
       await this.query(
         `with sent as (update emails e set status = 'sent',
            delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
-           message_id = v.message_id, html = v.html, text = v.text, sent_at = now(), failure_reason = null, updated_at = now()
-         from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, delivered boolean)
+           message_id = v.message_id, html = v.html, text = v.text, subject = coalesce(v.subject, e.subject),
+           sent_at = now(), failure_reason = null, updated_at = now()
+         from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, subject text, delivered boolean)
          where e.id = v.id and e.status = 'sending'
          returning e.campaign_id, e.source)
          update campaigns c set emails_sent_count = c.emails_sent_count + s.n
@@ -127,14 +151,25 @@ export class DeliveryStore {
    * stalled): a new claim time and attempt; undefined when it is no longer `sending`.
    */
   async reclaim(id: string): Promise<ClaimedRow | undefined> {
-    const [row] = await this.orm.em.fork().execute<ClaimedRow[]>(
-      `update emails set claimed_at = now(), attempts = attempts + 1, updated_at = now()
-       where id = ? and status = 'sending'
-       returning id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers`,
+    const [row] = await this.query<ClaimedRow>(
+      withCampaignParts(`update emails set claimed_at = now(), attempts = attempts + 1, updated_at = now()
+       where id = ? and status = 'sending'`),
       [id],
-      'all',
     );
     return row;
+  }
+
+  /**
+   * The message of a claimed row. A campaign email's template was rendered once by the
+   * fan-out: it is only personalised here, not rendered again.
+   */
+  message(row: ClaimedRow): Message {
+    if (row.content_kind === 'campaign') {
+      if (!this.links) throw new Error('campaign mail needs the unsubscribe link signer');
+      return personalizeCampaignEmail(row, this.links);
+    }
+    const rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
+    return { subject: row.subject, html: rendered.html, text: rendered.text, headers: row.headers };
   }
 
   markSent(record: SentRecord): Promise<void> {
@@ -186,10 +221,10 @@ export async function deliverEmail(
         // The provider has it; only the status write was lost.
         const accepted = await store.reclaim(emailId);
         if (!accepted) return { outcome: 'skipped', status: await store.status(emailId) };
-        const rendered = renderEmail({ contentKind: accepted.content_kind, content: accepted.content, subject: accepted.subject, preview: accepted.preview, text: accepted.text });
+        const rendered = store.message(accepted);
         const messageId = taken.current.slice('accepted:'.length);
         const delivered = transport.kind === 'file';
-        await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
+        await recordSent(store, sentRecord(emailId, messageId, accepted, rendered, delivered), options.log);
         options.log?.info({ emailId }, 'recorded the send of an email a dead worker had handed over');
         return { outcome: delivered ? 'delivered' : 'sent', messageId };
       }
@@ -204,9 +239,9 @@ export async function deliverEmail(
     options.log?.info({ emailId }, 'took over an email a dead worker had claimed but not handed over');
   }
 
-  let rendered: { html: string; text: string };
+  let rendered: Message;
   try {
-    rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
+    rendered = store.message(row);
   } catch (error) {
     const reason = `rendering failed: ${(error as Error).message}`.slice(0, 1000);
     await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
@@ -229,12 +264,12 @@ export async function deliverEmail(
       cc: row.cc,
       bcc: row.bcc,
       replyTo: row.reply_to,
-      subject: row.subject,
+      subject: rendered.subject,
       html: options.decorateHtml ? options.decorateHtml(rendered.html) : rendered.html,
       text: rendered.text,
       messageId,
       fromDomain,
-      headers: row.headers,
+      headers: rendered.headers,
       beforeCommit: fence
         ? async () => {
             let owned: boolean;
@@ -284,8 +319,14 @@ export async function deliverEmail(
   // Recorded in Redis at once (one round trip), so that a worker dying before the
   // group-committed status write leaves an email the next run records instead of failing.
   await fence?.accepted(emailId, messageId).catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
-  await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
+  await recordSent(store, sentRecord(emailId, messageId, row, rendered, delivered), options.log);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
+}
+
+function sentRecord(id: string, messageId: string, row: ClaimedRow, message: Message, delivered: boolean): SentRecord {
+  const record: SentRecord = { id, message_id: messageId, html: message.html, text: message.text, delivered };
+  if (row.content_kind === 'campaign') record.subject = message.subject;
+  return record;
 }
 
 // After the provider accepted, the row must say so, or a later run would count it as an

@@ -5,6 +5,7 @@ import { Migration20261123030000Domains } from './20261123030000-domains.js';
 import { Migration20261123040000Verification } from './20261123040000-verification.js';
 import { Migration20261123050000Campaigns } from './20261123050000-campaigns.js';
 import { Migration20261123060000Outcomes } from './20261123060000-outcomes.js';
+import { Migration20261123070000CampaignTemplates } from './20261123070000-campaign-templates.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -18,4 +19,5 @@ export const migrationsList = [
   { name: 'Migration20261123040000Verification', class: Migration20261123040000Verification },
   { name: 'Migration20261123050000Campaigns', class: Migration20261123050000Campaigns },
   { name: 'Migration20261123060000Outcomes', class: Migration20261123060000Outcomes },
+  { name: 'Migration20261123070000CampaignTemplates', class: Migration20261123070000CampaignTemplates },
 ];
