@@ -23,8 +23,8 @@ import { assertTransition } from './state.js';
  * `on conflict do nothing` on the unique (campaign_id, subscriber_id): nobody gets two.
  * After each commit the page's sends go to `campaign-emails` as `send-batch` jobs (one per
  * 1,000 emails) that the send workers expand into one `send` job per email (jobId = email
- * id); on resume, the queued rows of the campaign are enqueued again (an email's job that
- * still exists is not duplicated, and the claim never sends a row twice).
+ * id); on resume, the queued rows of the campaign are enqueued again, one job per email (an
+ * email's job that still exists is not duplicated, and the claim never sends a row twice).
  */
 export interface FanOutDeps {
   producer: QueueProducer;
@@ -210,7 +210,9 @@ async function requeueQueued(em: EntityManager, deps: FanOutDeps, campaignId: st
       'all',
     );
     if (rows.length === 0) return;
-    await enqueueCampaignSends(deps, rows.map((r) => r.id));
+    // One job per email (not batches): a batch's jobId is its first email id, and a resumed
+    // run's pages of queued rows need not match the first run's batches.
+    await enqueueEmailSends(deps.producer, rows.map((r) => ({ id: r.id, source: 'campaign' as const })), deps.logger);
     after = rows[rows.length - 1]!.id;
   }
 }

@@ -221,7 +221,13 @@ export async function deliverEmail(
         // The provider has it; only the status write was lost.
         const accepted = await store.reclaim(emailId);
         if (!accepted) return { outcome: 'skipped', status: await store.status(emailId) };
-        const rendered = store.message(accepted);
+        // The provider has it: recorded sent even if its campaign (and template) is gone since.
+        let rendered: Message;
+        try {
+          rendered = store.message(accepted);
+        } catch {
+          rendered = { subject: accepted.subject, html: '', text: '', headers: accepted.headers };
+        }
         const messageId = taken.current.slice('accepted:'.length);
         const delivered = transport.kind === 'file';
         await recordSent(store, sentRecord(emailId, messageId, accepted, rendered, delivered), options.log);
