@@ -1,4 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import pg from 'pg';
+import { runFanOut } from '../src/shared/campaigns/fanout.js';
 import { DeliveryStore, deliverEmail } from '../src/shared/emails/deliver.js';
 import { HandoverFence } from '../src/shared/emails/handover.js';
 import { createRedis } from '../src/shared/redis.js';
@@ -462,6 +464,35 @@ describe('fan-out edge cases', () => {
     const rows = await sql<{ status: string; failure_reason: string }>('select status, failure_reason from emails where campaign_id = ?', [c.id]);
     expect(rows.map((r) => r.status)).toEqual(['failed', 'failed']);
     expect(sink.messages.some((m) => JSON.stringify(m.to).includes('@stop.test'))).toBe(false);
+  });
+});
+
+describe('delete during the fan-out', () => {
+  it('a page waits for a delete holding the campaign row, then writes nothing', async () => {
+    const o = await createOrg(ctx.services, { name: 'Race' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'race@race.test');
+    for (const e of ['r1', 'r2', 'r3']) await api('POST', '/subscribers', { email: `${e}@race.test` }, o.token);
+    const c = (await api('POST', '/campaigns', { name: 'race', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    await sql(`update campaigns set status = 'SENDING' where id = ?`, [c.id]);
+    // Its template written already (as after a first page): the page's own statement waits.
+    await sql(`insert into campaign_templates (campaign_id, subject, html, text) values (?, 's', '<p>x</p>', 'x')`, [c.id]);
+    // The delete's transaction (service.deleteCampaign) holds the row while the fan-out starts.
+    const client = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
+    await client.connect();
+    try {
+      await client.query('begin');
+      await client.query('select id from campaigns where id = $1 for update', [c.id]);
+      const deps = { producer: ctx.services.producer, logger: ctx.services.logger, pageSize: 2, now: () => new Date() };
+      const fanOut = runFanOut(ctx.services.orm.em.fork(), deps, c.id);
+      await new Promise((r) => setTimeout(r, 300));
+      await client.query(`update emails set status = 'failed' where campaign_id = $1 and status = 'queued'`, [c.id]);
+      await client.query('delete from campaigns where id = $1', [c.id]);
+      await client.query('commit');
+      expect(await fanOut).toBe('gone');
+    } finally {
+      await client.end();
+    }
+    expect(await sql('select id from emails where campaign_id = ?', [c.id])).toEqual([]);
   });
 });
 

@@ -16,10 +16,10 @@ import { assertTransition } from './state.js';
  * rendered ONCE, placeholders left in, into `campaign_templates`; each recipient's row is
  * written without a body (content kind `campaign`) and personalised by the send path when
  * it claims the row (emails/deliver.ts). Recipients are read by keyset pages of subscriber
- * id, set-based: ONE statement per page selects the page and inserts its rows, in a
- * transaction that first locks the campaign row (a concurrent delete waits, or we see it
- * gone) and then moves the campaign's cursor to the page's last subscriber id, so a worker
- * killed anywhere resumes after the last committed page. Rows are inserted with
+ * id, set-based: ONE statement per page locks the campaign row (a concurrent delete waits,
+ * or the page sees it gone), selects the page, inserts its rows and moves the campaign's
+ * cursor to the page's last subscriber id, so a worker killed anywhere resumes after the
+ * last committed page. Rows are inserted with
  * `on conflict do nothing` on the unique (campaign_id, subscriber_id): nobody gets two.
  * After each commit the page's sends go to `campaign-emails` as `send-batch` jobs (one per
  * 1,000 emails) that the send workers expand into one `send` job per email (jobId = email
@@ -105,16 +105,24 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
   const common = { from: formatFrom(sender), replyTo: campaign.reply_to ? JSON.stringify([campaign.reply_to]) : null };
 
   let cursor = campaign.fanout_cursor;
+  // A page's sends go to Redis while the next page is written (never throws: see
+  // enqueueEmailSends); one enqueue at a time, in page order.
+  let sends: Promise<void> = Promise.resolve();
   for (;;) {
     const page = await writePage(em, deps, campaign, common, cursor);
-    if (page === null) return 'gone'; // deleted (or no longer SENDING) meanwhile
+    if (page === null) {
+      await sends;
+      return 'gone'; // deleted (or no longer SENDING) meanwhile
+    }
     if (page.last === null) break;
     cursor = page.last;
     deps.metrics?.campaignRecipientsQueued.inc(page.inserted.length);
     deps.metrics?.emailsAccepted.inc({ source: 'campaign' }, page.inserted.length);
-    await enqueueCampaignSends(deps, page.inserted);
+    await sends;
+    sends = enqueueCampaignSends(deps, page.inserted);
     if (page.read < deps.pageSize) break;
   }
+  await sends;
   await em.execute(`update campaigns set fanout_done = true, updated_at = now() where id = ? and status = 'SENDING'`, [campaignId], 'run');
   await enqueueCompletion(deps, campaignId);
   return 'done';
@@ -148,10 +156,12 @@ async function saveTemplate(em: EntityManager, campaign: CampaignRow): Promise<b
 }
 
 /**
- * One page in one transaction: lock the campaign (SENDING), then one statement reads the
- * next page of recipients after `cursor` and inserts their rows, then the cursor moves to
- * the page's last subscriber id. The email ids are made here (sortable, like every id) and
- * matched to the page's rows by position. Null when the campaign is gone or not SENDING.
+ * One page, ONE statement (atomic on its own): lock the campaign row if it is SENDING (a
+ * concurrent delete waits for this page, or this page finds the campaign gone and writes
+ * nothing), read the next page of recipients after `cursor`, insert their rows, and move
+ * the cursor to the page's last subscriber id. The email ids are made here (sortable, like
+ * every id) and matched to the page's rows by position. Null when the campaign is gone or
+ * not SENDING.
  */
 async function writePage(
   em: EntityManager,
@@ -162,34 +172,43 @@ async function writePage(
 ): Promise<{ last: string | null; read: number; inserted: string[] } | null> {
   const ids = Array.from({ length: deps.pageSize }, () => newId('eml'));
   const where = recipientWhere(campaign.organization_id, campaign.recipient_filters);
-  return em.transactional(async (tx) => {
-    // The lock first: a concurrent delete waits for this page, or we see the campaign gone.
-    const live = await tx.execute<{ id: string }[]>(`select id from campaigns where id = ? and status = 'SENDING' for update`, [campaign.id], 'all');
-    if (live.length === 0) return null;
-    // Bound parameters through knex (MikroORM's execute() would inline the ids into the SQL).
-    const trx = tx.getTransactionContext<Knex.Transaction>()!;
-    const result = (await trx.raw(
-      `with page as (
-         select s.id, s.email, row_number() over (order by s.id) as n
-         from (select s.id, s.email from subscribers s where ${where.sql} and s.id > ? order by s.id limit ?) s
-       ),
-       inserted as (
-         insert into emails (id, organization_id, source, campaign_id, subscriber_id, from_address, to_address, reply_to, subject, content_kind, content, created_at, updated_at)
-         select i.id, ?, 'campaign', ?, p.id, ?, p.email, ?::jsonb, ?, 'campaign', '', now(), now()
-         from page p join unnest(?::text[]) with ordinality as i(id, n) on i.n = p.n
-         on conflict (campaign_id, subscriber_id) where source = 'campaign' do nothing
-         returning id
-       )
-       select (select max(id) from page) as last, (select count(*)::int from page) as read,
-              coalesce((select array_agg(id) from inserted), '{}') as inserted`,
-      [...where.params, cursor ?? '', deps.pageSize, campaign.organization_id, campaign.id, common.from, common.replyTo, campaign.subject, ids] as never[],
-    )) as { rows: { last: string | null; read: number; inserted: string[] }[] };
-    const page = result.rows[0]!;
-    if (page.last !== null) {
-      await tx.execute(`update campaigns set fanout_cursor = ?, updated_at = now() where id = ?`, [page.last, campaign.id], 'run');
-    }
-    return page;
-  });
+  // Bound parameters through knex (MikroORM's execute() would inline the ids into the SQL).
+  const knex = em.getConnection().getKnex();
+  const result = (await knex.raw(
+    `with live as (select id from campaigns where id = ? and status = 'SENDING' for update),
+     page as (
+       select s.id, s.email, row_number() over (order by s.id) as n
+       from (select s.id, s.email from subscribers s
+             where exists (select 1 from live) and ${where.sql} and s.id > ? order by s.id limit ?) s
+     ),
+     inserted as (
+       insert into emails (id, organization_id, source, campaign_id, subscriber_id, from_address, to_address, reply_to, subject, content_kind, content, created_at, updated_at)
+       select i.id, ?, 'campaign', ?, p.id, ?, p.email, ?::jsonb, ?, 'campaign', '', now(), now()
+       from page p join unnest(?::text[]) with ordinality as i(id, n) on i.n = p.n
+       on conflict (campaign_id, subscriber_id) where source = 'campaign' do nothing
+       returning id
+     ),
+     moved as (
+       update campaigns set fanout_cursor = (select max(id) from page), updated_at = now()
+       where id in (select id from live) and exists (select 1 from page)
+     )
+     select (select count(*)::int from live) as live, (select max(id) from page) as last, (select count(*)::int from page) as read,
+            coalesce((select array_agg(id) from inserted), '{}') as inserted`,
+    [
+      campaign.id,
+      ...where.params,
+      cursor ?? '',
+      deps.pageSize,
+      campaign.organization_id,
+      campaign.id,
+      common.from,
+      common.replyTo,
+      campaign.subject,
+      ids,
+    ] as never[],
+  )) as { rows: { live: number; last: string | null; read: number; inserted: string[] }[] };
+  const page = result.rows[0]!;
+  return page.live === 0 ? null : page;
 }
 
 /** One `send-batch` job per 1,000 emails; the send workers expand it into per-email `send` jobs. */
