@@ -44,13 +44,15 @@ interface ClaimedRow extends CampaignEmailParts {
 }
 
 /** The columns a hand-over reads; a campaign email also gets its template and subscriber. */
-const CLAIMED_COLUMNS = `id, organization_id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers, campaign_id, subscriber_id`;
+const CLAIMED_COLUMNS = ['id', 'organization_id', 'from_address', 'to_address', 'cc', 'bcc', 'reply_to', 'subject', 'content_kind', 'content', 'preview', 'text', 'headers', 'campaign_id', 'subscriber_id'];
+/** `update` (of alias `e`) returns the rows it left `sending`, with their campaign parts. */
 function withCampaignParts(update: string): string {
-  return `with claimed as (${update} returning ${CLAIMED_COLUMNS})
+  return `with claimed as (${update} returning ${CLAIMED_COLUMNS.map((c) => `e.${c}`).join(', ')}, e.status)
     select c.*, t.subject as template_subject, t.html as template_html, t.text as template_text, s.name as subscriber_name, s.fields as subscriber_fields
     from claimed c
     left join campaign_templates t on c.content_kind = 'campaign' and t.campaign_id = c.campaign_id
-    left join subscribers s on c.content_kind = 'campaign' and s.id = c.subscriber_id`;
+    left join subscribers s on c.content_kind = 'campaign' and s.id = c.subscriber_id
+    where c.status = 'sending'`;
 }
 
 interface SentRecord {
@@ -91,17 +93,21 @@ export class DeliveryStore {
       // The same id twice in one statement would be claimed once but returned to both
       // callers: only its first caller gets the row.
       const unique = [...new Set(ids)];
-      // Campaign mail to a contact who unsubscribed (or was deleted) since the fan-out is
-      // failed instead of sent (contract 8), so the campaign still completes.
-      await this.query(
-        `update emails e set status = 'failed', failure_reason = 'recipient no longer subscribed', updated_at = now()
-         where e.id in (select jsonb_array_elements_text(?::jsonb)) and e.status = 'queued' and e.source = 'campaign'
-           and not exists (select 1 from subscribers s where s.id = e.subscriber_id and s.status = 'SUBSCRIBED')`,
-        [JSON.stringify(unique)],
-      );
+      // ONE statement, driven by the ids (primary key): queued -> sending, except campaign
+      // mail to a contact who unsubscribed (or was deleted) since the fan-out, which is failed
+      // instead of sent (contract 8) so the campaign still completes, and not returned. The
+      // check sits in the select list, not the WHERE, so that the planner never scans the
+      // partial index of pending campaign mail (whose statistics lag behind a fan-out).
       const rows = await this.query<ClaimedRow>(
-        withCampaignParts(`update emails set status = 'sending', claimed_at = now(), attempts = attempts + 1, updated_at = now()
-         where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'queued'`),
+        withCampaignParts(`update emails e set
+           status = case when q.gone then 'failed' else 'sending' end,
+           failure_reason = case when q.gone then 'recipient no longer subscribed' else e.failure_reason end,
+           claimed_at = case when q.gone then e.claimed_at else now() end,
+           attempts = case when q.gone then e.attempts else e.attempts + 1 end,
+           updated_at = now()
+         from (select x.id, (x.source = 'campaign' and not exists (select 1 from subscribers s where s.id = x.subscriber_id and s.status = 'SUBSCRIBED')) as gone
+               from emails x where x.id in (select jsonb_array_elements_text(?::jsonb)) and x.status = 'queued') q
+         where e.id = q.id and e.status = 'queued'`),
         [JSON.stringify(unique)],
       );
       const byId = new Map(rows.map((r) => [r.id, r]));
@@ -152,8 +158,8 @@ export class DeliveryStore {
    */
   async reclaim(id: string): Promise<ClaimedRow | undefined> {
     const [row] = await this.query<ClaimedRow>(
-      withCampaignParts(`update emails set claimed_at = now(), attempts = attempts + 1, updated_at = now()
-       where id = ? and status = 'sending'`),
+      withCampaignParts(`update emails e set claimed_at = now(), attempts = attempts + 1, updated_at = now()
+       where e.id = ? and e.status = 'sending'`),
       [id],
     );
     return row;
