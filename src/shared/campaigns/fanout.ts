@@ -1,7 +1,6 @@
 import type { EntityManager, Knex } from '@mikro-orm/postgresql';
 import type { Campaign, CampaignStatus, RecipientFilter } from '../db/entities/campaign.js';
-import type { LinkSigner } from '../crypto.js';
-import { enqueueEmailSends } from '../emails/service.js';
+import { enqueueEmailSends, SEND_JOB_OPTIONS } from '../emails/service.js';
 import { newId } from '../ids.js';
 import type { Logger } from '../logger.js';
 import type { Metrics } from '../metrics.js';
@@ -211,10 +210,21 @@ async function writePage(
   return page.live === 0 ? null : page;
 }
 
-/** One `send-batch` job per 1,000 emails; the send workers expand it into per-email `send` jobs. */
+/**
+ * One `send-batch` job per 1,000 emails; the send workers expand it into per-email `send`
+ * jobs (at the tail of the queue). It goes to the HEAD of the queue (lifo), so that it is
+ * expanded at once even behind a backlog of campaign mail: otherwise its rows could wait
+ * long enough without a job of their own for the emails reconciler to enqueue them itself.
+ * Never throws: the rows are committed, and the reconciler enqueues what a failure left out.
+ */
 async function enqueueCampaignSends(deps: FanOutDeps, ids: string[]): Promise<void> {
   for (let i = 0; i < ids.length; i += SEND_BATCH) {
-    await enqueueEmailSends(deps.producer, ids.slice(i, i + SEND_BATCH).map((id) => ({ id, source: 'campaign' as const })), deps.logger, { fanOut: true });
+    const emailIds = ids.slice(i, i + SEND_BATCH);
+    try {
+      await deps.producer.add('campaign-emails', { name: 'send-batch', data: { emailIds }, jobId: `batch-${emailIds[0]}`, opts: { ...SEND_JOB_OPTIONS, lifo: true } });
+    } catch (error) {
+      deps.logger.warn({ err: error, count: emailIds.length }, 'enqueue after commit failed; the reconciler will enqueue these emails');
+    }
   }
 }
 
