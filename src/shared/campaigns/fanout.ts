@@ -18,11 +18,10 @@ import { assertTransition } from './state.js';
  * id, set-based: ONE statement per page locks the campaign row (a concurrent delete waits,
  * or the page sees it gone), selects the page, inserts its rows and moves the campaign's
  * cursor to the page's last subscriber id, so a worker killed anywhere resumes after the
- * last committed page. Rows are inserted with
- * `on conflict do nothing` on the unique (campaign_id, subscriber_id): nobody gets two.
- * After each commit the page's sends go to `campaign-emails` as `send-batch` jobs (one per
- * 1,000 emails) that the send workers expand into one `send` job per email (jobId = email
- * id); on resume, the queued rows of the campaign are enqueued again, one job per email (an
+ * last committed page. Rows are inserted with `on conflict do nothing` on the unique
+ * (campaign_id, subscriber_id): nobody gets two. After each page the page's sends go to
+ * `campaign-emails` as `send-batch` jobs (one per 1,000 emails) that the send workers
+ * expand into one `send` job per email (jobId = email id); on resume, the queued rows of the campaign are enqueued again, one job per email (an
  * email's job that still exists is not duplicated, and the claim never sends a row twice).
  */
 export interface FanOutDeps {
@@ -104,8 +103,8 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
   const common = { from: formatFrom(sender), replyTo: campaign.reply_to ? JSON.stringify([campaign.reply_to]) : null };
 
   let cursor = campaign.fanout_cursor;
-  // A page's sends go to Redis while the next page is written (never throws: see
-  // enqueueEmailSends); one enqueue at a time, in page order.
+  // A page's sends go to Redis while the next page is written (enqueueCampaignSends never
+  // throws); one enqueue at a time, in page order.
   let sends: Promise<void> = Promise.resolve();
   for (;;) {
     const page = await writePage(em, deps, campaign, common, cursor);
