@@ -1,4 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import pg from 'pg';
+import { runFanOut } from '../src/shared/campaigns/fanout.js';
+import { DeliveryStore, deliverEmail } from '../src/shared/emails/deliver.js';
+import { HandoverFence } from '../src/shared/emails/handover.js';
 import { createRedis } from '../src/shared/redis.js';
 import { campaignEmailsProcessor, campaignsProcessor } from '../src/workers/campaigns.js';
 import { emailsProcessor } from '../src/workers/emails.js';
@@ -390,6 +394,12 @@ describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (co
     const [row] = await sql<{ id: string }>(`select id from emails where campaign_id = ? limit 1`, [c.id]);
     const byId = await api('GET', `/emails/${row!.id}`);
     expect(byId.statusCode).toBe(200);
+    // The row holds no body until sent (the send path personalises the campaign's template);
+    // once sent it shows the subject and HTML that went out.
+    expect(byId.json().subject).toMatch(/^News for /);
+    expect(byId.json().subject).not.toContain('{{');
+    expect(byId.json().html).toContain(heading);
+    expect(byId.json().html).not.toContain('unsubscribe_url');
     const listed = (await api('GET', '/emails?limit=100')).json().data.map((e: { id: string }) => e.id);
     expect(listed).not.toContain(row!.id);
   });
@@ -454,6 +464,73 @@ describe('fan-out edge cases', () => {
     const rows = await sql<{ status: string; failure_reason: string }>('select status, failure_reason from emails where campaign_id = ?', [c.id]);
     expect(rows.map((r) => r.status)).toEqual(['failed', 'failed']);
     expect(sink.messages.some((m) => JSON.stringify(m.to).includes('@stop.test'))).toBe(false);
+  });
+});
+
+describe('delete during the fan-out', () => {
+  it('a page waits for a delete holding the campaign row, then writes nothing', async () => {
+    const o = await createOrg(ctx.services, { name: 'Race' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'race@race.test');
+    for (const e of ['r1', 'r2', 'r3']) await api('POST', '/subscribers', { email: `${e}@race.test` }, o.token);
+    const c = (await api('POST', '/campaigns', { name: 'race', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    await sql(`update campaigns set status = 'SENDING' where id = ?`, [c.id]);
+    // Its template written already (as after a first page): the page's own statement waits.
+    await sql(`insert into campaign_templates (campaign_id, subject, html, text) values (?, 's', '<p>x</p>', 'x')`, [c.id]);
+    // The delete's transaction (service.deleteCampaign) holds the row while the fan-out starts.
+    const client = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
+    await client.connect();
+    try {
+      await client.query('begin');
+      await client.query('select id from campaigns where id = $1 for update', [c.id]);
+      const deps = { producer: ctx.services.producer, logger: ctx.services.logger, pageSize: 2, now: () => new Date() };
+      const fanOut = runFanOut(ctx.services.orm.em.fork(), deps, c.id);
+      await new Promise((r) => setTimeout(r, 300));
+      await client.query(`update emails set status = 'failed' where campaign_id = $1 and status = 'queued'`, [c.id]);
+      await client.query('delete from campaigns where id = $1', [c.id]);
+      await client.query('commit');
+      expect(await fanOut).toBe('gone');
+    } finally {
+      await client.end();
+    }
+    expect(await sql('select id from emails where campaign_id = ?', [c.id])).toEqual([]);
+  });
+});
+
+describe('campaign email taken over from a dead worker', () => {
+  it('is personalised again; once its campaign is deleted it fails instead of going out', async () => {
+    const o = await createOrg(ctx.services, { name: 'Takeover' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'take@take.test');
+    for (const e of ['z1', 'z2']) await api('POST', '/subscribers', { email: `${e}@take.test`, name: e.toUpperCase() }, o.token);
+    const c = (await api('POST', '/campaigns', { name: 'take', subject: 'For {{name}}', senderId: sid, content: `Hi {{name}}${UNSUB_MD}` }, o.token)).json();
+    // Fan-out only: the rows stay queued.
+    await workers?.close();
+    workers = undefined;
+    const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
+    await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
+    await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    await fanOnly.close();
+    const rows = await sql<{ id: string; to_address: string; content_kind: string }>('select id, to_address, content_kind from emails where campaign_id = ? order by to_address', [c.id]);
+    expect(rows.map((r) => r.content_kind)).toEqual(['campaign', 'campaign']);
+    // Both claimed by a worker that died before the hand-over.
+    await sql(`update emails set status = 'sending', claimed_at = now() where campaign_id = ?`, [c.id]);
+    const store = new DeliveryStore(ctx.services.orm, new HandoverFence(ctx.services.redis, ctx.env.config.redisPrefix), undefined, {
+      signer: ctx.services.signer,
+      publicUrl: ctx.env.config.publicUrl,
+    });
+    const first = await deliverEmail(store, ctx.services.mailer, rows[0]!.id, { finalAttempt: false });
+    expect(first.outcome).toBe('sent');
+    const mail = await waitFor(async () => sink.messages.find((m) => JSON.stringify(m.to).includes('z1@take.test')));
+    expect(mail.subject).toBe('For Z1');
+    expect(String(mail.html)).toContain('Hi Z1');
+    expect(mail.headerLines.find((h) => h.key === 'list-unsubscribe')?.line).toMatch(/<http.*\/u\/.+>/);
+    expect((await sql<{ subject: string }>('select subject from emails where id = ?', [rows[0]!.id]))[0]!.subject).toBe('For Z1');
+
+    await api('DELETE', `/campaigns/${c.id}`, undefined, o.token);
+    const second = await deliverEmail(store, ctx.services.mailer, rows[1]!.id, { finalAttempt: false });
+    expect(second).toMatchObject({ outcome: 'failed' });
+    expect((await sql<{ status: string }>('select status from emails where id = ?', [rows[1]!.id]))[0]!.status).toBe('failed');
+    await new Promise((r) => setTimeout(r, 100));
+    expect(sink.messages.some((m) => JSON.stringify(m.to).includes('z2@take.test'))).toBe(false);
   });
 });
 

@@ -56,8 +56,8 @@ const envSchema = z
         return servers;
       }),
     VERIFY_MONTHLY_QUOTA: z.coerce.number().int().min(0).default(1000),
-    // Campaign fan-out: subscribers read, and email rows written, per transaction.
-    CAMPAIGN_FANOUT_PAGE: z.coerce.number().int().min(1).max(5000).default(1000),
+    // Campaign fan-out: subscribers read, and email rows written, per statement (page).
+    CAMPAIGN_FANOUT_PAGE: z.coerce.number().int().min(1).max(5000).default(5000),
     // Operator blocklist of verification: comma-separated domains (and their subdomains)
     // answered `spam_domain`.
     VERIFY_BLOCKED_DOMAINS: z

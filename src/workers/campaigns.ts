@@ -14,8 +14,6 @@ function fanOutDeps(ctx: JobContext): FanOutDeps {
   const s: Services = ctx.services;
   return {
     producer: s.producer,
-    signer: s.signer,
-    publicUrl: s.config.publicUrl,
     logger: ctx.log,
     metrics: s.metrics,
     pageSize: s.config.campaignFanoutPage,

@@ -46,12 +46,27 @@ export function throttleDelay(throttled: number): number {
   return Math.round(ceiling / 2 + Math.random() * (ceiling / 2));
 }
 
+// `send-batch` expansions run one at a time in a process, in chunks: a campaign's fan-out
+// brings a hundred batches at once, and expanding them together would queue 100,000 job
+// additions on the producer's connection, whose commands time out after 3 s (then the
+// worker pauses as if Redis were down).
+const EXPAND_CHUNK = 250;
+let expansions: Promise<unknown> = Promise.resolve();
+function oneAtATime<T>(task: () => Promise<T>): Promise<T> {
+  const run = expansions.then(task, task);
+  expansions = run.catch(() => {});
+  return run;
+}
+
 // One store (and its group commits) per process's services, made on first use.
 const stores = new WeakMap<Services, DeliveryStore>();
 function storeOf(services: Services): DeliveryStore {
   let store = stores.get(services);
   if (!store) {
-    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix), sendGateOf(services));
+    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix), sendGateOf(services), {
+      signer: services.signer,
+      publicUrl: services.config.publicUrl,
+    });
     stores.set(services, store);
   }
   return store;
@@ -98,10 +113,13 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
     workerOptions: SEND_WORKER_OPTIONS,
     handlers: {
       send,
-      'send-batch': async (payload, ctx) => {
-        await ctx.services.producer.addBulk(queue, payload.emailIds.map(sendJob));
-        return { enqueued: payload.emailIds.length };
-      },
+      'send-batch': (payload, ctx) =>
+        oneAtATime(async () => {
+          for (let i = 0; i < payload.emailIds.length; i += EXPAND_CHUNK) {
+            await ctx.services.producer.addBulk(queue, payload.emailIds.slice(i, i + EXPAND_CHUNK).map(sendJob));
+          }
+          return { enqueued: payload.emailIds.length };
+        }),
       reconcile: async (_payload, ctx) => {
         const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs, storeOf(ctx.services).fence);
         const graceMs = options.reconcileGraceMs ?? ctx.services.config.emailReconcileGraceMs ?? o.reconcileGraceMs;

@@ -1,30 +1,31 @@
 import type { EntityManager, Knex } from '@mikro-orm/postgresql';
 import type { Campaign, CampaignStatus, RecipientFilter } from '../db/entities/campaign.js';
-import type { LinkSigner } from '../crypto.js';
-import { enqueueEmailSends } from '../emails/service.js';
+import { enqueueEmailSends, SEND_JOB_OPTIONS } from '../emails/service.js';
 import { newId } from '../ids.js';
 import type { Logger } from '../logger.js';
 import type { Metrics } from '../metrics.js';
 import type { QueueProducer } from '../queues/producer.js';
 import { renderCampaignTemplate } from './content.js';
-import { recipientsPage, type RecipientRow } from './filters.js';
-import { fillHtml, fillSubject, fillText, unsubscribeToken, unsubscribeUrl, variablesOf } from './personalize.js';
+import { recipientWhere } from './filters.js';
 import { CAMPAIGN_JOB_OPTIONS, formatFrom } from './service.js';
 import { assertTransition } from './state.js';
 
 /**
- * The fan-out of a campaign (contract 8), resumable (STYLE 10): recipients are read by
- * keyset pages of subscriber id; each page's email rows and the campaign's cursor (the last
- * subscriber id of the page) commit in ONE transaction, so a worker killed anywhere resumes
- * after the last committed page. Rows are inserted with `on conflict do nothing` on the
- * unique (campaign_id, subscriber_id): nobody gets two. Send jobs go to `campaign-emails`
- * after each commit; on resume, the queued rows of the campaign are enqueued again (the
- * jobId is the email id, so a job that still exists is not duplicated).
+ * The fan-out of a campaign (contract 8), resumable (STYLE 10). The campaign's message is
+ * rendered ONCE, placeholders left in, into `campaign_templates`; each recipient's row is
+ * written without a body (content kind `campaign`) and personalised by the send path when
+ * it claims the row (emails/deliver.ts). Recipients are read by keyset pages of subscriber
+ * id, set-based: ONE statement per page locks the campaign row (a concurrent delete waits,
+ * or the page sees it gone), selects the page, inserts its rows and moves the campaign's
+ * cursor to the page's last subscriber id, so a worker killed anywhere resumes after the
+ * last committed page. Rows are inserted with `on conflict do nothing` on the unique
+ * (campaign_id, subscriber_id): nobody gets two. After each page the page's sends go to
+ * `campaign-emails` as `send-batch` jobs (one per 1,000 emails) that the send workers
+ * expand into one `send` job per email (jobId = email id); on resume, the queued rows of the campaign are enqueued again, one job per email (an
+ * email's job that still exists is not duplicated, and the claim never sends a row twice).
  */
 export interface FanOutDeps {
   producer: QueueProducer;
-  signer: LinkSigner;
-  publicUrl: string;
   logger: Logger;
   metrics?: Metrics;
   pageSize: number;
@@ -45,9 +46,6 @@ interface CampaignRow {
   fanout_cursor: string | null;
   fanout_done: boolean;
 }
-
-const EMAIL_COLUMNS = `id, organization_id, source, campaign_id, subscriber_id, from_address, to_address, reply_to, subject, content_kind, content, text, tags, headers, created_at, updated_at`;
-const EMAIL_ROW = `(?, ?, 'campaign', ?, ?, ?, ?, ?::jsonb, ?, 'html', ?, ?, '[]'::jsonb, ?::jsonb, now(), now())`;
 
 async function loadCampaign(em: EntityManager, id: string): Promise<CampaignRow | undefined> {
   const [row] = await em.execute<CampaignRow[]>(
@@ -70,6 +68,9 @@ async function setStatus(em: EntityManager, id: string, from: CampaignStatus, to
 }
 
 export type FanOutResult = 'gone' | 'not-due' | 'done' | 'failed-no-sender';
+
+/** What the `send-batch` payload takes at most (queues/registry.ts). */
+const SEND_BATCH = 1_000;
 
 export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId: string): Promise<FanOutResult> {
   let campaign = await loadCampaign(em, campaignId);
@@ -98,79 +99,132 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
     deps.logger.warn({ campaignId }, 'campaign failed: its sender no longer exists');
     return 'failed-no-sender';
   }
-  const from = formatFrom(sender);
+  if (!(await saveTemplate(em, campaign))) return 'gone';
+  const common = { from: formatFrom(sender), replyTo: campaign.reply_to ? JSON.stringify([campaign.reply_to]) : null };
+
+  let cursor = campaign.fanout_cursor;
+  // A page's sends go to Redis while the next page is written (enqueueCampaignSends never
+  // throws); one enqueue at a time, in page order.
+  let sends: Promise<void> = Promise.resolve();
+  for (;;) {
+    const page = await writePage(em, deps, campaign, common, cursor);
+    if (page === null) {
+      await sends;
+      return 'gone'; // deleted (or no longer SENDING) meanwhile
+    }
+    if (page.last === null) break;
+    cursor = page.last;
+    deps.metrics?.campaignRecipientsQueued.inc(page.inserted.length);
+    deps.metrics?.emailsAccepted.inc({ source: 'campaign' }, page.inserted.length);
+    await sends;
+    sends = enqueueCampaignSends(deps, page.inserted);
+    if (page.read < deps.pageSize) break;
+  }
+  await sends;
+  await em.execute(`update campaigns set fanout_done = true, updated_at = now() where id = ? and status = 'SENDING'`, [campaignId], 'run');
+  await enqueueCompletion(deps, campaignId);
+  return 'done';
+}
+
+/**
+ * The campaign's message, rendered once with its placeholders left in (content.ts), kept
+ * for the send path. A resumed fan-out finds it written. False when the campaign is gone.
+ */
+async function saveTemplate(em: EntityManager, campaign: CampaignRow): Promise<boolean> {
+  const [found] = await em.execute<{ n: number }[]>(`select count(*)::int as n from campaign_templates where campaign_id = ?`, [campaign.id], 'all');
+  if ((found?.n ?? 0) > 0) return true;
   const template = renderCampaignTemplate({
     contentType: campaign.content_type,
     content: campaign.content,
     subject: campaign.subject,
     preview: campaign.preview,
   });
-  const replyTo = campaign.reply_to ? JSON.stringify([campaign.reply_to]) : null;
-
-  let cursor = campaign.fanout_cursor;
-  for (;;) {
-    const page = await recipientsPage(em, campaign.organization_id, campaign.recipient_filters, cursor, deps.pageSize);
-    if (page.length === 0) break;
-    const last = page[page.length - 1]!.id;
-    const inserted = await writePage(em, deps, campaign, page, { from, replyTo, template }, last);
-    if (inserted === null) return 'gone'; // deleted (or no longer SENDING) meanwhile
-    cursor = last;
-    deps.metrics?.campaignRecipientsQueued.inc(inserted.length);
-    deps.metrics?.emailsAccepted.inc({ source: 'campaign' }, inserted.length);
-    await enqueueEmailSends(deps.producer, inserted.map((id) => ({ id, source: 'campaign' as const })), deps.logger);
-    em.clear();
-    if (page.length < deps.pageSize) break;
-  }
-  await em.execute(`update campaigns set fanout_done = true, updated_at = now() where id = ? and status = 'SENDING'`, [campaignId], 'run');
-  await enqueueCompletion(deps, campaignId);
-  return 'done';
+  return em.transactional(async (tx) => {
+    const live = await tx.execute<{ id: string }[]>(`select id from campaigns where id = ? and status = 'SENDING' for update`, [campaign.id], 'all');
+    if (live.length === 0) return false;
+    const trx = tx.getTransactionContext<Knex.Transaction>()!;
+    await trx.raw(`insert into campaign_templates (campaign_id, subject, html, text) values (?, ?, ?, ?) on conflict (campaign_id) do nothing`, [
+      campaign.id,
+      template.subject,
+      template.html,
+      template.text,
+    ]);
+    return true;
+  });
 }
 
+/**
+ * One page, ONE statement (atomic on its own): lock the campaign row if it is SENDING (a
+ * concurrent delete waits for this page, or this page finds the campaign gone and writes
+ * nothing), read the next page of recipients after `cursor`, insert their rows, and move
+ * the cursor to the page's last subscriber id. The email ids are made here (sortable, like
+ * every id) and matched to the page's rows by position. Null when the campaign is gone or
+ * not SENDING.
+ */
 async function writePage(
   em: EntityManager,
   deps: FanOutDeps,
   campaign: CampaignRow,
-  page: RecipientRow[],
-  common: { from: string; replyTo: string | null; template: { subject: string; html: string; text: string } },
-  last: string,
-): Promise<string[] | null> {
-  const params: unknown[] = [];
-  for (const r of page) {
-    const url = unsubscribeUrl(deps.publicUrl, unsubscribeToken(deps.signer, r.id));
-    const lookup = variablesOf(r, url);
-    params.push(
-      newId('eml'),
+  common: { from: string; replyTo: string | null },
+  cursor: string | null,
+): Promise<{ last: string | null; read: number; inserted: string[] } | null> {
+  const ids = Array.from({ length: deps.pageSize }, () => newId('eml'));
+  const where = recipientWhere(campaign.organization_id, campaign.recipient_filters);
+  // Bound parameters through knex (MikroORM's execute() would inline the ids into the SQL).
+  const knex = em.getConnection().getKnex();
+  const result = (await knex.raw(
+    `with live as (select id from campaigns where id = ? and status = 'SENDING' for update),
+     page as (
+       select s.id, s.email, row_number() over (order by s.id) as n
+       from (select s.id, s.email from subscribers s
+             where exists (select 1 from live) and ${where.sql} and s.id > ? order by s.id limit ?) s
+     ),
+     inserted as (
+       insert into emails (id, organization_id, source, campaign_id, subscriber_id, from_address, to_address, reply_to, subject, content_kind, content, created_at, updated_at)
+       select i.id, ?, 'campaign', ?, p.id, ?, p.email, ?::jsonb, ?, 'campaign', '', now(), now()
+       from page p join unnest(?::text[]) with ordinality as i(id, n) on i.n = p.n
+       on conflict (campaign_id, subscriber_id) where source = 'campaign' do nothing
+       returning id
+     ),
+     moved as (
+       update campaigns set fanout_cursor = (select max(id) from page), updated_at = now()
+       where id in (select id from live) and exists (select 1 from page)
+     )
+     select (select count(*)::int from live) as live, (select max(id) from page) as last, (select count(*)::int from page) as read,
+            coalesce((select array_agg(id) from inserted), '{}') as inserted`,
+    [
+      campaign.id,
+      ...where.params,
+      cursor ?? '',
+      deps.pageSize,
       campaign.organization_id,
       campaign.id,
-      r.id,
       common.from,
-      r.email,
       common.replyTo,
-      fillSubject(common.template.subject, lookup),
-      fillHtml(common.template.html, lookup),
-      fillText(common.template.text, lookup),
-      // RFC 8058 one-click: a POST to this URL with List-Unsubscribe=One-Click unsubscribes.
-      JSON.stringify({ 'List-Unsubscribe': `<${url}>`, 'List-Unsubscribe-Post': 'List-Unsubscribe=One-Click' }),
-    );
+      campaign.subject,
+      ids,
+    ] as never[],
+  )) as { rows: { live: number; last: string | null; read: number; inserted: string[] }[] };
+  const page = result.rows[0]!;
+  return page.live === 0 ? null : page;
+}
+
+/**
+ * One `send-batch` job per 1,000 emails; the send workers expand it into per-email `send`
+ * jobs (at the tail of the queue). It goes to the HEAD of the queue (lifo), so that it is
+ * expanded at once even behind a backlog of campaign mail: otherwise its rows could wait
+ * long enough without a job of their own for the emails reconciler to enqueue them itself.
+ * Never throws: the rows are committed, and the reconciler enqueues what a failure left out.
+ */
+async function enqueueCampaignSends(deps: FanOutDeps, ids: string[]): Promise<void> {
+  for (let i = 0; i < ids.length; i += SEND_BATCH) {
+    const emailIds = ids.slice(i, i + SEND_BATCH);
+    try {
+      await deps.producer.add('campaign-emails', { name: 'send-batch', data: { emailIds }, jobId: `batch-${emailIds[0]}`, opts: { ...SEND_JOB_OPTIONS, lifo: true } });
+    } catch (error) {
+      deps.logger.warn({ err: error, count: emailIds.length }, 'enqueue after commit failed; the reconciler will enqueue these emails');
+    }
   }
-  return em.transactional(async (tx) => {
-    // The cursor first: it locks the row (a concurrent delete waits, or we see it gone).
-    const moved = await tx.execute<{ id: string }[]>(
-      `update campaigns set fanout_cursor = ?, updated_at = now() where id = ? and status = 'SENDING' returning id`,
-      [last, campaign.id],
-      'all',
-    );
-    if (moved.length === 0) return null;
-    // Bound parameters through knex: MikroORM's execute() would inline ~2 MB of values into
-    // the SQL text of each page (slow to build and to parse, and a burst of garbage).
-    const trx = tx.getTransactionContext<Knex.Transaction>()!;
-    const result = (await trx.raw(
-      `insert into emails (${EMAIL_COLUMNS}) values ${page.map(() => EMAIL_ROW).join(', ')}
-       on conflict (campaign_id, subscriber_id) where source = 'campaign' do nothing returning id`,
-      params as never[],
-    )) as { rows: { id: string }[] };
-    return result.rows.map((r) => r.id);
-  });
 }
 
 const REQUEUE_PAGE = 1_000;
@@ -184,6 +238,8 @@ async function requeueQueued(em: EntityManager, deps: FanOutDeps, campaignId: st
       'all',
     );
     if (rows.length === 0) return;
+    // One job per email (not batches): a batch's jobId is its first email id, and a resumed
+    // run's pages of queued rows need not match the first run's batches.
     await enqueueEmailSends(deps.producer, rows.map((r) => ({ id: r.id, source: 'campaign' as const })), deps.logger);
     after = rows[rows.length - 1]!.id;
   }

@@ -58,26 +58,3 @@ export async function countRecipients(em: EntityManager, organizationId: string,
   const [row] = await em.execute<{ n: string }[]>(`select count(*) as n from subscribers s where ${where.sql}`, where.params, 'all');
   return Number(row?.n ?? 0);
 }
-
-export interface RecipientRow {
-  id: string;
-  email: string;
-  name: string | null;
-  fields: Record<string, string> | null;
-}
-
-/** One keyset page of recipients after `afterId`, by subscriber id. */
-export async function recipientsPage(
-  em: EntityManager,
-  organizationId: string,
-  filters: readonly RecipientFilter[],
-  afterId: string | null,
-  limit: number,
-): Promise<RecipientRow[]> {
-  const where = recipientWhere(organizationId, filters);
-  return em.execute<RecipientRow[]>(
-    `select s.id, s.email, s.name, s.fields from subscribers s where ${where.sql} and s.id > ? order by s.id limit ?`,
-    [...where.params, afterId ?? '', limit],
-    'all',
-  );
-}

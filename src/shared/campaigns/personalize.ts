@@ -51,3 +51,40 @@ export function fillText(template: string, lookup: (name: string) => string): st
 export function fillSubject(template: string, lookup: (name: string) => string): string {
   return fillText(template, lookup).replace(/[\r\n]+/g, ' ');
 }
+
+/** What the send path reads to personalise a campaign email (content kind `campaign`). */
+export interface CampaignEmailParts {
+  subscriber_id: string | null;
+  to_address: string;
+  /** Null when the campaign (and its template) was deleted. */
+  template_subject: string | null;
+  template_html: string | null;
+  template_text: string | null;
+  /** Null when the subscriber was deleted. */
+  subscriber_name: string | null;
+  subscriber_fields: Record<string, string> | null;
+}
+
+export interface PersonalizedEmail {
+  subject: string;
+  html: string;
+  text: string;
+  headers: Record<string, string>;
+}
+
+/**
+ * One recipient's message from the campaign's template, filled when the email is claimed
+ * (the fan-out writes only the row). `{{email}}` is the address the row was written to.
+ */
+export function personalizeCampaignEmail(parts: CampaignEmailParts, deps: { signer: LinkSigner; publicUrl: string }): PersonalizedEmail {
+  if (parts.template_html === null || parts.template_subject === null || parts.subscriber_id === null) throw new Error('the campaign template is gone (campaign deleted)');
+  const url = unsubscribeUrl(deps.publicUrl, unsubscribeToken(deps.signer, parts.subscriber_id));
+  const lookup = variablesOf({ id: parts.subscriber_id, email: parts.to_address, name: parts.subscriber_name, fields: parts.subscriber_fields }, url);
+  return {
+    subject: fillSubject(parts.template_subject, lookup),
+    html: fillHtml(parts.template_html, lookup),
+    text: fillText(parts.template_text ?? '', lookup),
+    // RFC 8058 one-click: a POST to this URL with List-Unsubscribe=One-Click unsubscribes.
+    headers: { 'List-Unsubscribe': `<${url}>`, 'List-Unsubscribe-Post': 'List-Unsubscribe=One-Click' },
+  };
+}

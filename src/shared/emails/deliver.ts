@@ -4,6 +4,8 @@ import type { Orm } from '../db/orm.js';
 import { Coalescer } from './coalescer.js';
 import { FenceLostError, type HandoverFence } from './handover.js';
 import type { Logger } from '../logger.js';
+import type { LinkSigner } from '../crypto.js';
+import { personalizeCampaignEmail, type CampaignEmailParts } from '../campaigns/personalize.js';
 import { mailboxDomain } from './addresses.js';
 import { renderEmail } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
@@ -26,7 +28,7 @@ export type DeliverOutcome =
   | { outcome: 'failed'; reason: string }
   | { outcome: 'skipped'; status: string };
 
-interface ClaimedRow {
+interface ClaimedRow extends CampaignEmailParts {
   id: string;
   organization_id: string;
   from_address: string;
@@ -43,6 +45,7 @@ interface ClaimedRow {
   /** The organization's tracking settings. */
   track_opens: boolean;
   track_clicks: boolean;
+  campaign_id: string | null;
 }
 
 /** A claim: the row (now `sending`), the reason it was failed instead, or undefined when not queued. */
@@ -53,10 +56,27 @@ interface SentRecord {
   message_id: string;
   html: string;
   text: string;
+  /** A campaign email's personalised subject (its row holds the template's until sent). */
+  subject?: string;
   delivered: boolean;
 }
 
-const CLAIMED_COLUMNS = 'organization_id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers';
+/** What is handed over: the row rendered (or, for a campaign email, personalised). */
+interface Message {
+  subject: string;
+  html: string;
+  text: string;
+  headers: Record<string, string>;
+}
+
+const CLAIMED_COLUMNS = 'organization_id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers, campaign_id, subscriber_id';
+// A campaign email's row has no body: its template (rendered once by the fan-out) and its
+// subscriber come with the claim, to be personalised here.
+const CAMPAIGN_PARTS = `t.subject as template_subject, t.html as template_html, t.text as template_text,
+  s.name as subscriber_name, s.fields as subscriber_fields`;
+const CAMPAIGN_JOINS = (alias: string) => `
+  left join campaign_templates t on ${alias}.content_kind = 'campaign' and t.campaign_id = ${alias}.campaign_id
+  left join subscribers s on ${alias}.content_kind = 'campaign' and s.id = ${alias}.subscriber_id`;
 export const SUPPRESSED_REASON = 'suppressed';
 const UNSUBSCRIBED_REASON = 'recipient no longer subscribed';
 
@@ -79,17 +99,18 @@ const CLAIM_SQL = `
     update emails e set status = 'sending', claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
     from c where e.id = c.id and not (c.suppressed or c.unsubscribed) and e.status = 'queued'
     returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')})
-  select cl.id, null as failed, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'cl.$1')}, o.track_opens, o.track_clicks
-  from claimed cl join organizations o on o.id = cl.organization_id
+  select cl.id, null as failed, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'cl.$1')}, o.track_opens, o.track_clicks, ${CAMPAIGN_PARTS}
+  from claimed cl join organizations o on o.id = cl.organization_id ${CAMPAIGN_JOINS('cl')}
   union all
-  select f.id, f.failure_reason, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'null')}, null, null from failed f`;
+  select f.id, f.failure_reason, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'null')}, null, null, null, null, null, null, null from failed f`;
 
 // Campaign counters move as the provider accepts (emailsSentCount, spec 2.5).
 const SENT_SQL = `
   with sent as (update emails e set status = 'sent',
       delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
-      message_id = v.message_id, html = v.html, text = v.text, sent_at = now(), failure_reason = null, updated_at = now()
-    from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, delivered boolean)
+      message_id = v.message_id, html = v.html, text = v.text, subject = coalesce(v.subject, e.subject),
+      sent_at = now(), failure_reason = null, updated_at = now()
+    from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, subject text, delivered boolean)
     where e.id = any(?::text[]) and e.id = v.id and e.status = 'sending'
     returning e.campaign_id, e.source)
   update campaigns c set emails_sent_count = c.emails_sent_count + s.n
@@ -97,10 +118,12 @@ const SENT_SQL = `
   where c.id = s.campaign_id`;
 
 const RECLAIM_SQL = `
-  update emails e set claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
-  from organizations o
-  where e.id = ? and e.status = 'sending' and o.id = e.organization_id
-  returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')}, o.track_opens, o.track_clicks`;
+  with r as (
+    update emails e set claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
+    from organizations o
+    where e.id = ? and e.status = 'sending' and o.id = e.organization_id
+    returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')}, o.track_opens, o.track_clicks)
+  select r.*, ${CAMPAIGN_PARTS} from r ${CAMPAIGN_JOINS('r')}`;
 
 /**
  * The status writes of the send path, group-committed: the claims (and the "sent" records)
@@ -117,6 +140,8 @@ export class DeliveryStore {
     readonly fence?: HandoverFence,
     /** Tracking of the HTML handed over and the count of suppressed emails; none without it. */
     readonly gate?: SendGate,
+    /** Signs the unsubscribe links of campaign emails; without it they cannot be sent. */
+    private readonly links?: { signer: LinkSigner; publicUrl: string },
   ) {
     this.claims = new Coalescer(async (ids) => {
       // The same id twice in one statement would be claimed once but returned to both
@@ -164,6 +189,19 @@ export class DeliveryStore {
   async reclaim(id: string): Promise<ClaimedRow | undefined> {
     const [row] = await this.query<ClaimedRow>('mailroom_emails_reclaim', RECLAIM_SQL, [id]);
     return row;
+  }
+
+  /**
+   * The message of a claimed row. A campaign email's template was rendered once by the
+   * fan-out: it is only personalised here, not rendered again.
+   */
+  message(row: ClaimedRow): Message {
+    if (row.content_kind === 'campaign') {
+      if (!this.links) throw new Error('campaign mail needs the unsubscribe link signer');
+      return personalizeCampaignEmail(row, this.links);
+    }
+    const rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
+    return { subject: row.subject, html: rendered.html, text: rendered.text, headers: row.headers };
   }
 
   markSent(record: SentRecord): Promise<void> {
@@ -221,10 +259,16 @@ export async function deliverEmail(
         // The provider has it; only the status write was lost.
         const accepted = await store.reclaim(emailId);
         if (!accepted) return { outcome: 'skipped', status: await store.status(emailId) };
-        const rendered = renderEmail({ contentKind: accepted.content_kind, content: accepted.content, subject: accepted.subject, preview: accepted.preview, text: accepted.text });
+        // The provider has it: recorded sent even if its campaign (and template) is gone since.
+        let rendered: Message;
+        try {
+          rendered = store.message(accepted);
+        } catch {
+          rendered = { subject: accepted.subject, html: '', text: '', headers: accepted.headers };
+        }
         const messageId = taken.current.slice('accepted:'.length);
         const delivered = transport.kind === 'file';
-        await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
+        await recordSent(store, sentRecord(emailId, messageId, accepted, rendered, delivered), options.log);
         options.log?.info({ emailId }, 'recorded the send of an email a dead worker had handed over');
         return { outcome: delivered ? 'delivered' : 'sent', messageId };
       }
@@ -239,9 +283,9 @@ export async function deliverEmail(
     options.log?.info({ emailId }, 'took over an email a dead worker had claimed but not handed over');
   }
 
-  let rendered: { html: string; text: string };
+  let rendered: Message;
   try {
-    rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
+    rendered = store.message(row);
   } catch (error) {
     const reason = `rendering failed: ${(error as Error).message}`.slice(0, 1000);
     await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
@@ -265,13 +309,13 @@ export async function deliverEmail(
       cc: row.cc,
       bcc: row.bcc,
       replyTo: row.reply_to,
-      subject: row.subject,
+      subject: rendered.subject,
       // Open/click tracking is added to the HTML handed over only (the stored one has none).
       html: decorate ? decorate(rendered.html) : rendered.html,
       text: rendered.text,
       messageId,
       fromDomain,
-      headers: row.headers,
+      headers: rendered.headers,
       beforeCommit: fence
         ? async () => {
             let owned: boolean;
@@ -321,8 +365,14 @@ export async function deliverEmail(
   // Recorded in Redis at once (one round trip), so that a worker dying before the
   // group-committed status write leaves an email the next run records instead of failing.
   await fence?.accepted(emailId, messageId).catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
-  await recordSent(store, { id: emailId, message_id: messageId, html: rendered.html, text: rendered.text, delivered }, options.log);
+  await recordSent(store, sentRecord(emailId, messageId, row, rendered, delivered), options.log);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
+}
+
+function sentRecord(id: string, messageId: string, row: ClaimedRow, message: Message, delivered: boolean): SentRecord {
+  const record: SentRecord = { id, message_id: messageId, html: message.html, text: message.text, delivered };
+  if (row.content_kind === 'campaign') record.subject = message.subject;
+  return record;
 }
 
 // After the provider accepted, the row must say so, or a later run would count it as an

@@ -103,7 +103,9 @@ export async function enqueueEmailSends(
   const byQueue = new Map<EmailQueueName, string[]>();
   for (const e of emails) {
     const queue = queueForSource(e.source ?? 'api');
-    byQueue.set(queue, [...(byQueue.get(queue) ?? []), e.id]);
+    const ids = byQueue.get(queue);
+    if (ids) ids.push(e.id);
+    else byQueue.set(queue, [e.id]);
   }
   for (const [queue, ids] of byQueue) {
     try {

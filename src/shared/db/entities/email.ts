@@ -4,7 +4,11 @@ export type EmailSource = 'api' | 'campaign' | 'test';
 /** Internal send status; `last_event` (spec 3.3) is derived from it and the tracking columns. */
 export type EmailStatus = 'queued' | 'sending' | 'sent' | 'failed';
 export type DeliveryStatus = 'delivered' | 'bounced' | 'complained';
-export type ContentKind = 'html' | 'markdown' | 'tiptap';
+/**
+ * `campaign`: a campaign email whose body is its campaign's template (`campaign_templates`),
+ * personalised for the subscriber when the send path claims it; `content` is empty.
+ */
+export type ContentKind = 'html' | 'markdown' | 'tiptap' | 'campaign';
 
 export interface EmailTag {
   name: string;
