@@ -8,6 +8,7 @@ import { Email } from '../../shared/db/entities/index.js';
 import { applyProviderEvent, ProviderEventBody } from '../../shared/outcomes/provider-events.js';
 import { TrackingRecorder } from '../../shared/outcomes/recorder.js';
 import { readClickToken, readOpenToken } from '../../shared/outcomes/tokens.js';
+import { lazyChildLogger } from '../plugins/lazy-logger.js';
 import type { App } from '../types.js';
 
 // A transparent 1x1 GIF, and the headers of every answer (set once per answer, no parsing).
@@ -35,7 +36,8 @@ export async function trackingRoutes(app: App): Promise<void> {
   const recorder = new TrackingRecorder(app.services.orm, app.services.logger);
   app.addHook('onClose', async () => recorder.close());
 
-  const pixel = { exposeHeadRoute: false, schema: { hide: true, params: TokenParams } } as const;
+  // No request logger unless one is used (these routes log only when they fail).
+  const pixel = { exposeHeadRoute: false, childLoggerFactory: lazyChildLogger, schema: { hide: true, params: TokenParams } } as const;
   const openOf = (token: string) => {
     const read = token.endsWith('.gif') ? readOpenToken(signer, token.slice(0, -4)) : null;
     if (!read) throw new NotFoundError('This tracking link is not valid');
@@ -51,7 +53,7 @@ export async function trackingRoutes(app: App): Promise<void> {
     return reply.headers(PIXEL_HEADERS).send();
   });
 
-  const click = { exposeHeadRoute: false, schema: { hide: true, params: TokenParams } } as const;
+  const click = { exposeHeadRoute: false, childLoggerFactory: lazyChildLogger, schema: { hide: true, params: TokenParams } } as const;
   const clickOf = (token: string) => {
     const read = readClickToken(signer, token);
     if (!read) throw new NotFoundError('This tracking link is not valid');
