@@ -316,6 +316,37 @@ describe('tracking tokens', () => {
     expect(campaign).toEqual({ emails_opened_count: 2, emails_clicked_count: 2 });
   });
 
+  it('records the later hits of an email already opened, and its first click once', async () => {
+    const id = await send('regular@example.com');
+    await sql(`insert into campaigns (id, organization_id, name, created_at, updated_at) values ('cmp_regular', ?, 'Regular', now(), now())`, [organizationId]);
+    await sql(`update emails set campaign_id = 'cmp_regular' where id = ?`, [id]);
+    const { signer } = ctx.services;
+    const open = `/t/o/${openToken(signer, id)}.gif`;
+    expect((await ctx.app.inject({ url: open })).statusCode).toBe(200);
+    await until(() => eventCount(id, 'open'), (n) => n === 1);
+    // The process now knows the first open: these opens are written as events alone.
+    for (let round = 0; round < 3; round++) {
+      await Promise.all(Array.from({ length: 10 }, () => ctx.app.inject({ url: open, headers: { 'user-agent': `Reader/${round}` } })));
+    }
+    await until(() => eventCount(id, 'open'), (n) => n === 31);
+    const click = `/t/c/${clickToken(signer, id, 0, 'https://acme.test/a?b="c"\\d')}`;
+    expect((await ctx.app.inject({ url: click })).statusCode).toBe(302);
+    await until(() => eventCount(id, 'click'), (n) => n === 1);
+    await Promise.all(Array.from({ length: 10 }, () => ctx.app.inject({ url: click })));
+    await until(() => eventCount(id, 'click'), (n) => n === 11);
+    const [email] = await sql<{ first_opened_at: Date | null; first_clicked_at: Date | null }>('select first_opened_at, first_clicked_at from emails where id = ?', [id]);
+    expect(email!.first_opened_at && email!.first_clicked_at).toBeTruthy();
+    const [campaign] = await sql(`select emails_opened_count, emails_clicked_count from campaigns where id = 'cmp_regular'`);
+    expect(campaign).toEqual({ emails_opened_count: 1, emails_clicked_count: 1 });
+    const rows = await sql<{ organization_id: string; user_agent: string | null; url: string | null }>(
+      `select organization_id, user_agent, url from email_events where email_id = ? and (type = 'click' or user_agent = 'Reader/2')`,
+      [id],
+    );
+    expect(rows).toHaveLength(21);
+    expect(rows.every((r) => r.organization_id === organizationId)).toBe(true);
+    expect(rows.filter((r) => r.url === 'https://acme.test/a?b="c"\\d')).toHaveLength(11);
+  });
+
   it('writes every buffered hit when the app closes', async () => {
     const id = await send('shutdown@example.com');
     const app = await buildApp(ctx.services);

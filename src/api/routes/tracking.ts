@@ -8,19 +8,21 @@ import { Email } from '../../shared/db/entities/index.js';
 import { applyProviderEvent, ProviderEventBody } from '../../shared/outcomes/provider-events.js';
 import { TrackingRecorder } from '../../shared/outcomes/recorder.js';
 import { readClickToken, readOpenToken } from '../../shared/outcomes/tokens.js';
+import { lazyChildLogger } from '../plugins/lazy-logger.js';
 import type { App } from '../types.js';
 
-// A transparent 1x1 GIF.
+// A transparent 1x1 GIF, and the headers of every answer (set once per answer, no parsing).
 const PIXEL = Buffer.from('R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7', 'base64');
 const NO_STORE = 'no-store, no-cache, must-revalidate, private';
+const PIXEL_HEADERS = { 'content-type': 'image/gif', 'cache-control': NO_STORE, 'content-length': String(PIXEL.length) };
 
 // Wildcard routes: a click token carries its URL and may exceed the router's 100-character
 // limit on a named parameter.
 const TokenParams = z.object({ '*': z.string().max(8_000) });
 
-function client(request: FastifyRequest) {
+function userAgent(request: FastifyRequest): string | null {
   const ua = request.headers['user-agent'];
-  return { ip: request.ip ?? null, userAgent: typeof ua === 'string' ? ua.slice(0, 1_000) : null };
+  return typeof ua === 'string' ? ua.slice(0, 1_000) : null;
 }
 
 /**
@@ -30,36 +32,48 @@ function client(request: FastifyRequest) {
  * same way without counting (link scanners).
  */
 export async function trackingRoutes(app: App): Promise<void> {
+  const { signer, clock } = app.services;
   const recorder = new TrackingRecorder(app.services.orm, app.services.logger);
   app.addHook('onClose', async () => recorder.close());
 
   // The token is checked against its HMAC before anything is read (a NUL never passes):
-  // the hottest public routes skip the NUL check of errors.ts.
-  const pixel = { exposeHeadRoute: false, schema: { hide: true, params: TokenParams }, config: { acceptsNul: true } } as const;
+  // the hottest public routes skip the NUL check of errors.ts. No request logger unless one
+  // is used (these routes log only when they fail).
+  const pixel = {
+    exposeHeadRoute: false,
+    childLoggerFactory: lazyChildLogger,
+    schema: { hide: true, params: TokenParams },
+    config: { acceptsNul: true },
+  } as const;
   const openOf = (token: string) => {
-    const read = token.endsWith('.gif') ? readOpenToken(app.services.signer, token.slice(0, -4)) : null;
+    const read = token.endsWith('.gif') ? readOpenToken(signer, token.slice(0, -4)) : null;
     if (!read) throw new NotFoundError('This tracking link is not valid');
     return read;
   };
   app.get('/t/o/*', pixel, async (request, reply) => {
     const { emailId } = openOf(request.params['*']);
-    recorder.record({ emailId, type: 'open', at: app.services.clock(), url: null, ...client(request) });
-    return reply.type('image/gif').header('cache-control', NO_STORE).send(PIXEL);
+    recorder.record({ emailId, type: 'open', at: clock(), ip: request.ip ?? null, userAgent: userAgent(request), url: null });
+    return reply.headers(PIXEL_HEADERS).send(PIXEL);
   });
   app.head('/t/o/*', pixel, async (request, reply) => {
     openOf(request.params['*']);
-    return reply.type('image/gif').header('cache-control', NO_STORE).header('content-length', PIXEL.length).send();
+    return reply.headers(PIXEL_HEADERS).send();
   });
 
-  const click = { exposeHeadRoute: false, schema: { hide: true, params: TokenParams }, config: { acceptsNul: true } } as const;
+  const click = {
+    exposeHeadRoute: false,
+    childLoggerFactory: lazyChildLogger,
+    schema: { hide: true, params: TokenParams },
+    config: { acceptsNul: true },
+  } as const;
   const clickOf = (token: string) => {
-    const read = readClickToken(app.services.signer, token);
+    const read = readClickToken(signer, token);
     if (!read) throw new NotFoundError('This tracking link is not valid');
     return read;
   };
   app.get('/t/c/*', click, async (request, reply) => {
     const { emailId, url } = clickOf(request.params['*']);
-    recorder.record({ emailId, type: 'click', at: app.services.clock(), url, ...client(request) });
+    recorder.record({ emailId, type: 'click', at: clock(), ip: request.ip ?? null, userAgent: userAgent(request), url });
     return reply.header('cache-control', NO_STORE).redirect(url, 302);
   });
   app.head('/t/c/*', click, async (request, reply) => {

@@ -126,8 +126,14 @@ export class TrackingRecorder {
     while (this.buffer.length > 0) {
       const batch = this.buffer.splice(0, this.o.maxBatch);
       try {
-        await this.orm.em.fork().transactional((em) => writeHits(em as EntityManager, batch, this.known));
-        this.remember(batch);
+        if (this.allKnown(batch)) {
+          // Every email of the batch already has its first open (and click): the events
+          // alone, one statement on a pooled connection (its own implicit transaction).
+          await insertEventsOnce(this.orm.em, batch);
+        } else {
+          await this.orm.em.fork().transactional((em) => writeHits(em as EntityManager, batch, this.known));
+          this.remember(batch);
+        }
         failures = 0;
       } catch (error) {
         failures++;
@@ -140,6 +146,63 @@ export class TrackingRecorder {
         await new Promise((resolve) => setTimeout(resolve, RETRY_MS[Math.min(failures - 1, RETRY_MS.length - 1)]));
       }
     }
+  }
+
+  /** The batch has no hit that could be an email's first open or first click. */
+  private allKnown(batch: TrackingHit[]): boolean {
+    const { opened, clicked } = this.known;
+    for (const hit of batch) {
+      if (!opened.has(hit.emailId) || (hit.type === 'click' && !clicked.has(hit.emailId))) return false;
+    }
+    return true;
+  }
+}
+
+interface PgConnection {
+  query(config: { name?: string; text: string; values: unknown[] }): Promise<{ rows: unknown[] }>;
+}
+
+/**
+ * The events of a batch in one INSERT ... SELECT FROM unnest(arrays): one bound parameter a
+ * column whatever the batch size (cheaper for PostgreSQL to read than a JSON document, and
+ * the statement text never changes, so it is prepared once per connection). Joined to
+ * `emails`, which supplies the organization: a hit of an unknown email is not recorded.
+ */
+const INSERT_EVENTS = `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
+  select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
+  from unnest(?::text[], ?::text[], ?::timestamptz[], ?::text[], ?::text[], ?::text[]) as h(email_id, type, at, ip, ua, url)
+  join emails e on e.id = h.email_id`;
+let placeholder = 0;
+const INSERT_EVENTS_PG = INSERT_EVENTS.replace(/\?/g, () => `$${++placeholder}`);
+
+function eventColumns(hits: TrackingHit[]): unknown[] {
+  const n = hits.length;
+  const ids = new Array<string>(n);
+  const types = new Array<string>(n);
+  const ats = new Array<string>(n);
+  const ips = new Array<string | null>(n);
+  const uas = new Array<string | null>(n);
+  const urls = new Array<string | null>(n);
+  for (let i = 0; i < n; i++) {
+    const h = hits[i]!;
+    ids[i] = h.emailId;
+    types[i] = h.type;
+    ats[i] = h.at.toISOString();
+    ips[i] = h.ip;
+    uas[i] = h.userAgent;
+    urls[i] = h.url;
+  }
+  return [ids, types, ats, ips, uas, urls];
+}
+
+/** The batch's events alone, outside any transaction of the caller. */
+async function insertEventsOnce(em: EntityManager, hits: TrackingHit[]): Promise<void> {
+  const client = em.getKnex().client;
+  const connection = (await client.acquireConnection()) as PgConnection;
+  try {
+    await connection.query({ name: 'mailroom_insert_email_events', text: INSERT_EVENTS_PG, values: eventColumns(hits) });
+  } finally {
+    await client.releaseConnection(connection);
   }
 }
 
@@ -158,13 +221,7 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
     const trx = em.getTransactionContext();
     return ((await (trx ? statement.transacting(trx) : statement)) as { rows: T[] }).rows;
   };
-  await query(
-    `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
-     select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
-     from jsonb_to_recordset(?::jsonb) as h(email_id text, type text, at timestamptz, ip text, ua text, url text)
-     join emails e on e.id = h.email_id`,
-    [JSON.stringify(hits.map((h) => ({ email_id: h.emailId, type: h.type, at: h.at.toISOString(), ip: h.ip, ua: h.userAgent, url: h.url })))],
-  );
+  await query(INSERT_EVENTS, eventColumns(hits));
 
   // The earliest hit per email, leaving out the emails this process already saw set.
   const earliest = (type: 'open' | 'click') => {
