@@ -51,7 +51,7 @@ async function timed(url: string, headers: Record<string, string> = {}) {
 
 async function expectHealthy(): Promise<void> {
   await waitFor('readyz 200', async () => (await app.inject({ url: '/readyz' })).statusCode === 200, 10_000);
-  await waitFor('API 200', async () => (await app.inject({ url: '/api/v2/tokens', headers: bearer(token) })).statusCode === 200, 10_000);
+  await waitFor('API 200', async () => (await app.inject({ url: '/api/v2/domains', headers: bearer(token) })).statusCode === 200, 10_000);
 }
 
 /** Past the rate limiter's current window, so the next request must ask Redis. */
@@ -79,7 +79,7 @@ describe('Redis goes away', () => {
     // An authenticated call needs Redis for its rate limit, once the part of the current
     // one-second window this process reserved is spent (src/api/plugins/auth.ts).
     await nextRateLimitWindow();
-    const api = await timed('/api/v2/tokens', bearer(token));
+    const api = await timed('/api/v2/domains', bearer(token));
     expect(api.ms).toBeLessThan(2_500);
     expectUnavailable(api.res);
     // Liveness does not depend on Redis.
@@ -94,7 +94,7 @@ describe('Redis goes away', () => {
     redis.freeze(true);
     try {
       await nextRateLimitWindow();
-      const [ready, api] = await Promise.all([timed('/readyz'), timed('/api/v2/tokens', bearer(token))]);
+      const [ready, api] = await Promise.all([timed('/readyz'), timed('/api/v2/domains', bearer(token))]);
       expect(ready.ms).toBeLessThan(4_000);
       expectUnavailable(ready.res);
       expect(ready.res.json().checks).toEqual({ postgres: 'up', redis: 'down' });
@@ -118,11 +118,11 @@ describe('PostgreSQL goes away', () => {
     expect(ready.res.json()).toMatchObject({ message: 'Unavailable: postgres', checks: { postgres: 'down', redis: 'up' } });
 
     // A token already known to this process: the route itself needs the database.
-    const known = await timed('/api/v2/tokens', bearer(token));
+    const known = await timed('/api/v2/domains', bearer(token));
     expect(known.ms).toBeLessThan(4_000);
     expectUnavailable(known.res);
     // A token never seen: authentication itself needs the database. Not a 401.
-    const unknown = await timed('/api/v2/tokens', bearer(`svc_${'1'.repeat(64)}`));
+    const unknown = await timed('/api/v2/domains', bearer(`svc_${'1'.repeat(64)}`));
     expect(unknown.ms).toBeLessThan(4_000);
     expectUnavailable(unknown.res);
 
