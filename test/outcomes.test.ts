@@ -211,6 +211,52 @@ describe('lifecycle over SMTP', () => {
     expect(sink.accepted).toBe(before);
   });
 
+  it('leaves suppressed cc and bcc recipients out and sends to the rest; fails only when every recipient is suppressed', async () => {
+    for (const address of ['sup-cc@example.com', 'sup-bcc@example.com', 'sup-to@example.com']) {
+      await sql(`insert into suppressions (organization_id, address, reason) values (?, ?, 'hard_bounce')`, [organizationId, address]);
+    }
+    const sendWith = async (subject: string, recipients: { to: string; cc?: string[]; bcc?: string[] }) => {
+      const response = await ctx.app.inject({
+        method: 'POST',
+        url: '/api/v2/emails',
+        headers: bearer(token),
+        payload: { from: 'Acme <news@acme.test>', subject, html: '<p>Hi</p>', ...recipients },
+      });
+      expect(response.statusCode).toBe(200);
+      return response.json().id as string;
+    };
+    const envelopeOf = async (subject: string) => {
+      const index = await until(async () => sink.messages.findIndex((m) => m.subject === subject), (i) => i >= 0);
+      return { envelope: [...sink.envelopes[index]!].sort(), cc: sink.messages[index]!.headers.get('cc') };
+    };
+
+    // Some copies suppressed (matched bare and case-insensitively): the others receive it.
+    const some = await sendWith('copies partly suppressed', {
+      to: 'live-to@example.com',
+      cc: ['Sup <SUP-CC@example.com>', 'live-cc@example.com'],
+      bcc: ['sup-bcc@example.com'],
+    });
+    await expectLastEvent(some, 'sent');
+    const partly = await envelopeOf('copies partly suppressed');
+    expect(partly.envelope).toEqual(['live-cc@example.com', 'live-to@example.com']);
+    // The headers still say what the sender wrote.
+    expect(JSON.stringify(partly.cc)).toContain('SUP-CC@example.com');
+
+    // The `to` suppressed but a copy live: the copy receives it, the email reads sent.
+    const toOnly = await sendWith('to suppressed', { to: 'sup-to@example.com', bcc: ['live-bcc@example.com'] });
+    await expectLastEvent(toOnly, 'sent');
+    expect((await envelopeOf('to suppressed')).envelope).toEqual(['live-bcc@example.com']);
+
+    // Every recipient suppressed: never handed over, failed like a suppressed `to` alone.
+    const before = sink.accepted;
+    const all = await sendWith('all suppressed', { to: 'Sup-To@Example.com', cc: ['sup-cc@example.com'], bcc: ['<sup-bcc@example.com>', 'sup-to@example.com'] });
+    await expectLastEvent(all, 'failed');
+    const [row] = await sql<{ failure_reason: string; message_id: string | null }>('select failure_reason, message_id from emails where id = ?', [all]);
+    expect(row).toEqual({ failure_reason: 'suppressed', message_id: null });
+    expect(sink.accepted).toBe(before);
+    expect(sink.messages.some((m) => m.subject === 'all suppressed')).toBe(false);
+  });
+
   it('moves delivered -> complained, keeps complained over a late delivered, marks the subscriber COMPLAINED', async () => {
     await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(token), payload: { email: 'angry@example.com' } });
     const id = await send('angry@example.com');

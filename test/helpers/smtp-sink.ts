@@ -16,6 +16,8 @@ export interface SmtpSink {
   messages: ParsedMail[];
   /** The raw RFC 5322 bytes of each parsed message, in the same order (DKIM checks). */
   raw: Buffer[];
+  /** The envelope recipients (RCPT TO) of each parsed message, in the same order. */
+  envelopes: string[][];
   /** Raw count, cheaper than parsing (benchmarks). */
   accepted: number;
   answer?: (recipient: string) => SinkReply | undefined;
@@ -28,6 +30,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
     url: '',
     messages: [],
     raw: [],
+    envelopes: [],
     accepted: 0,
     close: async () => {},
   };
@@ -45,7 +48,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
       }
       callback();
     },
-    onData(stream, _session, callback) {
+    onData(stream, session, callback) {
       if (!parse) {
         stream.on('data', () => {});
         stream.on('end', () => {
@@ -64,6 +67,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
         ({ raw, mail }) => {
           sink.messages.push(mail);
           sink.raw.push(raw);
+          sink.envelopes.push(session.envelope.rcptTo.map((a) => a.address));
           sink.accepted++;
           callback();
         },

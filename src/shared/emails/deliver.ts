@@ -9,7 +9,7 @@ import { personalizeCampaignEmail, type CampaignEmailParts } from '../campaigns/
 import { mailboxDomain } from './addresses.js';
 import { renderEmail } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
-import { SUPPRESSED_SQL, type SendGate } from '../outcomes/send-gate.js';
+import { COPIES_SQL, SKIPPED_RECIPIENTS_SQL, SUPPRESSED_SQL, TO_ADDRESS_SQL, type SendGate } from '../outcomes/send-gate.js';
 
 /** The hand-over failed in a way that may succeed later: the job is retried. */
 export class RetryLaterError extends Error {
@@ -46,6 +46,8 @@ interface ClaimedRow extends CampaignEmailParts {
   track_opens: boolean;
   track_clicks: boolean;
   campaign_id: string | null;
+  /** Suppressed recipients (bare addresses), left out of the SMTP envelope; null when none. */
+  skip: string[] | null;
 }
 
 /** A claim: the row (now `sending`), the reason it was failed instead, or undefined when not queued. */
@@ -86,10 +88,16 @@ const UNSUBSCRIBED_REASON = 'recipient no longer subscribed';
 // pending email, which made each batch cost milliseconds of PostgreSQL's CPU while a
 // campaign or a backlog was queued.
 const CLAIM_SQL = `
-  with c as (
-    select e.id, ${SUPPRESSED_SQL} as suppressed,
+  with r as (
+    select e.id, ${SUPPRESSED_SQL} as to_suppressed, ${TO_ADDRESS_SQL} as to_bare,
+      case when e.cc is null and e.bcc is null then null else ${COPIES_SQL} end as copies,
       (e.source = 'campaign' and not exists (select 1 from subscribers s where s.id = e.subscriber_id and s.status = 'SUBSCRIBED')) as unsubscribed
     from emails e where e.id = any(?::text[]) and e.status = 'queued'),
+  c as (
+    select r.*, (r.to_suppressed and coalesce((r.copies ->> 'live')::int, 0) = 0) as suppressed,
+      case when r.to_suppressed then jsonb_build_array(r.to_bare) || coalesce(r.copies -> 'skipped', '[]'::jsonb)
+        else r.copies -> 'skipped' end as skip
+    from r),
   failed as (
     update emails e set status = 'failed', updated_at = now(),
       failure_reason = case when c.suppressed then '${SUPPRESSED_REASON}' else '${UNSUBSCRIBED_REASON}' end
@@ -99,10 +107,10 @@ const CLAIM_SQL = `
     update emails e set status = 'sending', claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
     from c where e.id = c.id and not (c.suppressed or c.unsubscribed) and e.status = 'queued'
     returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')})
-  select cl.id, null as failed, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'cl.$1')}, o.track_opens, o.track_clicks, ${CAMPAIGN_PARTS}
-  from claimed cl join organizations o on o.id = cl.organization_id ${CAMPAIGN_JOINS('cl')}
+  select cl.id, null as failed, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'cl.$1')}, o.track_opens, o.track_clicks, ${CAMPAIGN_PARTS}, c.skip
+  from claimed cl join c on c.id = cl.id join organizations o on o.id = cl.organization_id ${CAMPAIGN_JOINS('cl')}
   union all
-  select f.id, f.failure_reason, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'null')}, null, null, null, null, null, null, null from failed f`;
+  select f.id, f.failure_reason, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'null')}, null, null, null, null, null, null, null, null from failed f`;
 
 // Campaign counters move as the provider accepts (emailsSentCount, spec 2.5).
 const SENT_SQL = `
@@ -122,7 +130,7 @@ const RECLAIM_SQL = `
     update emails e set claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
     from organizations o
     where e.id = ? and e.status = 'sending' and o.id = e.organization_id
-    returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')}, o.track_opens, o.track_clicks)
+    returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')}, o.track_opens, o.track_clicks, ${SKIPPED_RECIPIENTS_SQL} as skip)
   select r.*, ${CAMPAIGN_PARTS} from r ${CAMPAIGN_JOINS('r')}`;
 
 /**
@@ -292,6 +300,7 @@ export async function deliverEmail(
     return { outcome: 'failed', reason };
   }
 
+  if (row.skip && row.skip.length > 0) options.log?.info({ emailId, skipped: row.skip.length }, 'suppressed recipients left out');
   const decorate = store.gate?.decorator(emailId, { trackOpens: row.track_opens, trackClicks: row.track_clicks });
   const fromDomain = mailboxDomain(row.from_address);
   const messageId = `${row.id}@${fromDomain}`;
@@ -316,6 +325,7 @@ export async function deliverEmail(
       messageId,
       fromDomain,
       headers: rendered.headers,
+      skipRecipients: row.skip ?? undefined,
       beforeCommit: fence
         ? async () => {
             let owned: boolean;

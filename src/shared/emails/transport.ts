@@ -27,6 +27,11 @@ export interface OutgoingMessage {
   fromDomain: string;
   headers?: Record<string, string>;
   /**
+   * Bare, lower-cased addresses left out of the SMTP envelope (suppressed recipients): the
+   * headers keep what the sender wrote, but only the other recipients are given the message.
+   */
+  skipRecipients?: readonly string[];
+  /**
    * Awaited right before the message is committed (SMTP: before the final `.` of DATA, so
    * the relay cannot have it yet); when it throws, the hand-over is aborted and the relay
    * discards the message.
@@ -146,6 +151,10 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       // Built into one buffer first, so the socket gets a few large writes rather than
       // one per MIME line (with TCP_NODELAY each write would be a packet).
       const raw = await node.build();
+      if (message.skipRecipients && message.skipRecipients.length > 0) {
+        const envelope = withoutSkipped(node.getEnvelope(), message.skipRecipients);
+        node.getEnvelope = () => envelope;
+      }
       const hook = message.beforeCommit;
       // The compiled node gives the pool the envelope and Message-ID; what it streams is the
       // built message, DKIM-signed when there is a key. The pool reads it only once the relay
@@ -168,6 +177,12 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       transporter.close();
     },
   };
+}
+
+/** The envelope without the recipients to skip (compared bare and lower-cased). */
+export function withoutSkipped<E extends { to: string[] }>(envelope: E, skip: readonly string[]): E {
+  const skipped = new Set(skip);
+  return { ...envelope, to: envelope.to.filter((address) => !skipped.has(address.trim().toLowerCase())) };
 }
 
 /** What the Mail layer hands the SMTP pool: the message node (envelope, Message-ID, stream). */
