@@ -4,6 +4,8 @@ import { loadConfig, type Config } from '../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
 import { initOrm, migrate } from '../src/shared/db/orm.js';
 import { createLogger } from '../src/shared/logger.js';
+import { insertEmails } from '../src/shared/emails/service.js';
+import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
 import { createOrganization } from '../src/shared/organizations/service.js';
 import { createRedis } from '../src/shared/redis.js';
 import pg from 'pg';
@@ -120,3 +122,27 @@ export async function stop(child: ChildProcess): Promise<void> {
 }
 
 export const fmt = (n: number, digits = 0) => n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });
+
+/**
+ * `count` sent emails of the benchmark's organization, each with one tracked link: the
+ * paths of their open pixels and click redirects (tracking benchmarks).
+ */
+export async function seedTrackedEmails(bench: BenchEnv, count: number): Promise<{ opens: string[]; clicks: string[] }> {
+  const { services } = bench;
+  const ids = await insertEmails(
+    services.orm.em.fork(),
+    Array.from({ length: count }, (_, i) => ({
+      organizationId: bench.organizationId,
+      from: 'news@bench.test',
+      to: `reader${i}@example.com`,
+      subject: 'Bench',
+      contentKind: 'html' as const,
+      content: '<p><a href="https://bench.test/offer">offer</a></p>',
+    })),
+  );
+  await services.orm.em.fork().execute(`update emails set status = 'sent', message_id = id || '@bench.test', sent_at = now()`, [], 'run');
+  return {
+    opens: ids.map((id) => `/t/o/${openToken(services.signer, id)}.gif`),
+    clicks: ids.map((id) => `/t/c/${clickToken(services.signer, id, 0, 'https://bench.test/offer?utm_source=mailroom&utm_medium=email')}`),
+  };
+}

@@ -13,9 +13,7 @@
  */
 import autocannon from 'autocannon';
 import { startApi } from '../src/api/server.js';
-import { insertEmails } from '../src/shared/emails/service.js';
-import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
-import { createBenchEnv } from './harness.js';
+import { createBenchEnv, seedTrackedEmails } from './harness.js';
 
 const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 20);
@@ -59,20 +57,7 @@ async function main(): Promise<void> {
   const bench = await createBenchEnv('tracking', { NODE_ENV: 'test', HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'silent' });
   const { services } = bench;
   try {
-    const ids = await insertEmails(
-      services.orm.em.fork(),
-      Array.from({ length: EMAILS }, (_, i) => ({
-        organizationId: bench.organizationId,
-        from: 'news@bench.test',
-        to: `reader${i}@example.com`,
-        subject: 'Bench',
-        contentKind: 'html' as const,
-        content: '<p><a href="https://bench.test/offer">offer</a></p>',
-      })),
-    );
-    await services.orm.em.fork().execute(`update emails set status = 'sent', message_id = id || '@bench.test', sent_at = now()`, [], 'run');
-    const opens = ids.map((id) => `/t/o/${openToken(services.signer, id)}.gif`);
-    const clicks = ids.map((id) => `/t/c/${clickToken(services.signer, id, 0, 'https://bench.test/offer?utm_source=mailroom&utm_medium=email')}`);
+    const { opens, clicks } = await seedTrackedEmails(bench, EMAILS);
 
     const app = await startApi(services);
     const { port } = app.server.address() as { port: number };
