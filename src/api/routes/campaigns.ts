@@ -137,15 +137,16 @@ export async function campaignsRoutes(app: App): Promise<void> {
         params: Params,
         body: PatchBody,
         response: {
-          200: z.object({
-            id: z.string(),
-            name: z.string(),
-            subject: z.string(),
-            preview: z.string().nullable(),
-            status: z.enum(CAMPAIGN_STATUSES),
-            contentType: z.enum(CONTENT_TYPES),
-            senderId: z.string().nullable(),
-            replyTo: z.string().nullable(),
+          200: CampaignOut.pick({
+            id: true,
+            name: true,
+            subject: true,
+            preview: true,
+            status: true,
+            contentType: true,
+            senderId: true,
+            replyTo: true,
+          }).extend({
             updatedFields: z.array(z.string()),
             warnings: z.array(z.string()).optional(),
           }),
