@@ -4,6 +4,7 @@ import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
 import { createDns, type DnsService } from './dns/resolver.js';
 import { dkimOptionsFor } from './domains/dkim.js';
+import { RenderPool } from './emails/render-pool.js';
 import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
@@ -30,6 +31,8 @@ export interface Services {
   metrics: Metrics;
   /** The mail transport (file or pooled SMTP); it connects on its first send. */
   mailer: MailTransport;
+  /** Worker threads that render for the API (security: never on the API's event loop). */
+  render: RenderPool;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -56,6 +59,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
     }),
+    render: new RenderPool({ threads: 2, timeoutMs: 10_000 }),
   };
 }
 
@@ -63,6 +67,7 @@ export async function closeServices(services: Services): Promise<void> {
   await services.producer.close().catch(() => {});
   services.redis.disconnect();
   services.mailer.close();
+  await services.render.close().catch(() => {});
   await services.orm.close(true);
 }
 

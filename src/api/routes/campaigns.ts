@@ -96,7 +96,7 @@ export const SendBody = z.strictObject({
 const tags = ['campaigns'];
 
 export async function campaignsRoutes(app: App): Promise<void> {
-  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl, metrics: app.services.metrics });
+  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl, metrics: app.services.metrics, render: app.services.render });
 
   app.post(
     '/campaigns',

@@ -8,7 +8,8 @@ import { isId, newId } from '../ids.js';
 import type { Logger } from '../logger.js';
 import type { Metrics } from '../metrics.js';
 import type { QueueProducer } from '../queues/producer.js';
-import { hasUnsubscribeLink, normalizeContent, renderCampaignTemplate } from './content.js';
+import type { RenderPool } from '../emails/render-pool.js';
+import { hasUnsubscribeLink, normalizeContent } from './content.js';
 import { countRecipients } from './filters.js';
 import { fillHtml, fillSubject, fillText, variablesOf } from './personalize.js';
 import { assertTransition } from './state.js';
@@ -276,7 +277,7 @@ export function formatFrom(sender: { name: string; email: string }): string {
 /** Contract 8: one test email (source `test`), personalised for the test address. */
 export async function sendTestEmail(
   em: EntityManager,
-  deps: { producer: QueueProducer; logger?: Logger; publicUrl: string; metrics?: Metrics },
+  deps: { producer: QueueProducer; logger?: Logger; publicUrl: string; metrics?: Metrics; render: RenderPool },
   organizationId: string,
   id: string,
   to: string,
@@ -287,8 +288,9 @@ export async function sendTestEmail(
   // A test goes to an address that is not a subscriber: its unsubscribe link leads to a
   // page that says the link is not valid, which is what a tester should see.
   const lookup = variablesOf({ id: '', email: to, name: null, fields: {} }, `${deps.publicUrl}/u/test`);
-  // Test sends are rare and interactive: rendered here, the emails pipeline sends the HTML.
-  const template = renderCampaignTemplate(campaign);
+  // Test sends are rare and interactive: rendered now (in a render thread, never on the
+  // API's event loop), the emails pipeline sends the HTML.
+  const template = await deps.render.campaign(campaign);
   const { ids } = await createEmails(em, deps, [
     {
       organizationId,
