@@ -9,6 +9,7 @@ import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
+import { organizationRateLimiter, type WindowRateLimiter } from './rate-limits/window.js';
 import { createRedis, settleConnection } from './redis.js';
 
 /**
@@ -33,6 +34,8 @@ export interface Services {
   mailer: MailTransport;
   /** Worker threads that render for the API (security: never on the API's event loop). */
   render: RenderPool;
+  /** RATE_LIMIT_ORG_PER_SECOND per organization, for every interface of this process. */
+  orgLimiter: WindowRateLimiter;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -60,6 +63,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
     }),
     render: new RenderPool({ threads: 2, timeoutMs: 10_000 }),
+    orgLimiter: organizationRateLimiter({ redis, config }),
   };
 }
 
