@@ -19,27 +19,38 @@ interface CacheEntry {
   expiresAt: number;
 }
 
+/**
+ * Tokens read from PostgreSQL, kept apart by answer: valid tokens (30 s) and unknown
+ * secrets (2 s). Anyone can send well-formed random `svc_...` secrets; with one map they
+ * evicted the valid entries and every real request went back to the database. Unknown
+ * secrets now only evict each other.
+ */
 export class TokenCache {
-  private readonly entries = new Map<string, CacheEntry>();
+  private readonly valid = new Map<string, CacheEntry>();
+  private readonly unknown = new Map<string, CacheEntry>();
 
   get(secret: string, now: number): CacheEntry | undefined {
-    const entry = this.entries.get(secret);
-    if (entry && entry.expiresAt > now) return entry;
-    if (entry) this.entries.delete(secret);
+    for (const entries of [this.valid, this.unknown]) {
+      const entry = entries.get(secret);
+      if (entry && entry.expiresAt > now) return entry;
+      if (entry) entries.delete(secret);
+    }
     return undefined;
   }
 
   set(secret: string, caller: Caller | null, now: number): void {
-    if (this.entries.size >= CACHE_MAX) {
+    const entries = caller ? this.valid : this.unknown;
+    if (entries.size >= CACHE_MAX) {
       // Maps iterate in insertion order: drop the oldest entry.
-      const oldest = this.entries.keys().next().value;
-      if (oldest !== undefined) this.entries.delete(oldest);
+      const oldest = entries.keys().next().value;
+      if (oldest !== undefined) entries.delete(oldest);
     }
-    this.entries.set(secret, { caller, expiresAt: now + (caller ? CACHE_TTL_MS : NEGATIVE_TTL_MS) });
+    entries.set(secret, { caller, expiresAt: now + (caller ? CACHE_TTL_MS : NEGATIVE_TTL_MS) });
   }
 
   clear(): void {
-    this.entries.clear();
+    this.valid.clear();
+    this.unknown.clear();
   }
 }
 
