@@ -62,7 +62,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
     }),
-    render: new RenderPool({ threads: 2, timeoutMs: 10_000 }),
+    render: new RenderPool({ threads: 2, timeoutMs: 30_000 }),
     orgLimiter: organizationRateLimiter({ redis, config }),
   };
 }
