@@ -98,7 +98,11 @@ describe('the API renders off its event loop', () => {
       await new Promise((resolve) => setTimeout(resolve, 5));
     }
     expect((await send).statusCode).toBe(200);
-    expect(latencies.length).toBeGreaterThan(1);
-    expect(Math.max(...latencies)).toBeLessThan(50);
+    expect(latencies.length).toBeGreaterThan(5);
+    // On the event loop the render held every answer for seconds. The machine is shared
+    // (other processes take the CPU now and then): nine answers in ten under 50 ms, none stalled.
+    const sorted = [...latencies].sort((a, b) => a - b);
+    expect(sorted[Math.floor(sorted.length * 0.9)]).toBeLessThan(50);
+    expect(sorted.at(-1)).toBeLessThan(250);
   });
 });
