@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEVELOPMENT_SECRET_KEY, loadConfig } from '../src/shared/config.js';
 import { resolveSecretKey } from '../src/shared/secret-key.js';
 import { createTestEnv, type TestEnv } from './helpers/context.js';
-import { runService } from './helpers/process.js';
+import { bootConfig } from '../src/shared/boot.js';
 
 /** Safe defaults (docs/security.md). */
 const dir = join(tmpdir(), `mailroom-secret-${randomBytes(4).toString('hex')}`);
@@ -41,19 +41,21 @@ describe('SECRET_KEY outside production', () => {
     expect(() => statSync(file)).toThrow();
   });
 
-  it('the API process started without SECRET_KEY uses the generated key, with a warning', async () => {
-    const file = join(dir, 'process', 'secret-key');
-    const { SECRET_KEY: _unused, ...withoutKey } = env.env;
-    const proc = runService('src/api/server.ts', [], { ...withoutKey, NODE_ENV: 'development', PORT: '0', LOG_LEVEL: 'info', SECRET_KEY_FILE: file });
+  it('the processes\' start-up (bootConfig) uses the generated key', () => {
+    const file = join(dir, 'boot', 'secret-key');
+    const saved = { ...process.env };
     try {
-      await proc.waitFor(/listening at http:\/\/127\.0\.0\.1:(\d+)/);
+      for (const name of ['SECRET_KEY', 'NODE_ENV']) delete process.env[name];
+      Object.assign(process.env, { ...env.env, NODE_ENV: 'development', LOG_LEVEL: 'silent', SECRET_KEY_FILE: file });
+      delete process.env.SECRET_KEY;
+      const { config } = bootConfig('security-test');
       const key = readFileSync(file, 'utf8').trim();
-      expect(key.length).toBeGreaterThanOrEqual(32);
+      expect(config.secretKey).toBe(key);
       expect(key).not.toBe(DEVELOPMENT_SECRET_KEY);
       expect(statSync(file).mode & 0o777).toBe(0o600);
-      expect(proc.stdout()).toContain(`using the key generated in ${file}`);
     } finally {
-      proc.kill();
+      for (const name of Object.keys(process.env)) if (!(name in saved)) delete process.env[name];
+      Object.assign(process.env, saved);
     }
   });
 });

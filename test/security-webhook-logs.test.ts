@@ -49,7 +49,7 @@ describe('capability tokens in URLs are not logged', () => {
   it('a running API logging every request prints no unsubscribe, confirmation or tracking token', async () => {
     const proc = runService('src/api/server.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'trace' });
     try {
-      const base = `http://127.0.0.1:${(await proc.waitFor(/listening at http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
+      const base = `http://127.0.0.1:${(await proc.waitFor(/listening at http:\/\/127\.0\.0\.1:(\d+)/, 50_000))[1]}`;
       const tokens = Array.from({ length: 4 }, () => randomBytes(24).toString('hex'));
       for (const path of [`/u/${tokens[0]}`, `/confirm/${tokens[1]}`, `/t/o/${tokens[2]}.gif`, `/t/c/${tokens[3]}`]) {
         await fetch(`${base}${path}`, { redirect: 'manual' });
@@ -65,5 +65,6 @@ describe('capability tokens in URLs are not logged', () => {
     } finally {
       proc.kill();
     }
-  });
+    // A process of its own: slow to start on a loaded machine.
+  }, 90_000);
 });
