@@ -62,14 +62,14 @@ async function editor(
   ${
     markdown
       ? html`<div class="field"><label for="content">Content (Markdown)</label>
-  <textarea id="content" name="content" hx-post="/app/campaigns/preview" hx-trigger="input changed delay:400ms, load" hx-target="#preview" hx-include="#campaign-form">${content}</textarea></div>`
+  <textarea id="content" name="content" hx-post="/app/campaigns/preview" hx-trigger="input changed delay:400ms, load" hx-target="#live-preview" hx-include="#campaign-form">${content}</textarea></div>`
       : html`<p class="muted">This campaign's content was written in a ${c!.contentType} editor: change it through the API.</p><input type="hidden" name="content" value="${content}">`
   }
   <button type="submit">${c ? 'Save' : 'Create draft'}</button>
 </form>
 <section aria-labelledby="live-h">
   <h2 id="live-h">Live preview</h2>
-  <div id="preview" aria-live="polite">${markdown ? '' : preview(c!.contentType, c!.content, c!.subject, c!.preview)}</div>
+  <div id="live-preview" aria-live="polite">${markdown ? '' : preview(c!.contentType, c!.content, c!.subject, c!.preview)}</div>
 </section>
 </div>`;
 }
