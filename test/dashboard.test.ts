@@ -186,6 +186,10 @@ describe('dashboard in Chromium', () => {
     await check('campaign-new');
     await Promise.all([page.waitForURL(/\/app\/campaigns\/cmp_/), page.click('#campaign-form button[type=submit]')]);
     const id = new URL(page.url()).pathname.split('/').pop()!;
+    await page.fill('#test-to', 'tester@example.com');
+    await Promise.all([page.waitForURL(/notice=test_sent/), page.click('form[action$="/test"] button')]);
+    const tests = await rows(`select to_address, subject from emails where campaign_id = ? and source = 'test'`, [id]);
+    expect(tests).toEqual([{ to_address: 'tester@example.com', subject: 'What is new' }]);
     await page.fill('#scheduledAt', '2030-06-01T09:30');
     await page.selectOption('#timezone', 'America/New_York');
     await Promise.all([page.waitForURL(/notice=scheduled/), page.click('form[action$="/schedule"] button')]);
@@ -259,6 +263,10 @@ describe('dashboard in Chromium', () => {
     await check('verification');
     await page.goto(`${base}/app/settings`);
     await check('settings');
+    await page.uncheck('#trackClicks');
+    await Promise.all([page.waitForURL(/notice=saved/), page.click('form[action="/app/settings"] button')]);
+    const [org] = await rows('select track_clicks, track_opens from organizations where id = ?', [orgA.organizationId]);
+    expect(org).toEqual({ track_clicks: false, track_opens: true });
   });
 
   it('refuses a form posted from another site, and changes nothing', async () => {
