@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { SUBSCRIBER_STATUSES } from '../../shared/db/entities/index.js';
-import { ValidationError } from '../../shared/errors.js';
+import { AppError, ValidationError } from '../../shared/errors.js';
 import { addSubscriberTags, getSubscriber, listSubscribers, removeSubscriberTags } from '../../shared/subscribers/service.js';
 import { listTags } from '../../shared/subscribers/tags.js';
 import { sameToken } from './session.js';
@@ -99,7 +99,7 @@ ${table('Subscribers', ['Email', 'Name', 'Status', 'Tags', 'Created'], rows)}
       }
     }
     if (!sameToken(fields._csrf, session.csrf)) {
-      throw new ValidationError('This form is out of date (its security token does not match your session); nothing was changed. Reload the page and try again.', undefined, 403);
+      throw new AppError(403, 'csrf_token_mismatch', 'This form is out of date (its security token does not match your session); nothing was changed. Reload the page and try again.');
     }
     if (!content) throw new ValidationError('file: choose a CSV file', [{ path: 'file', message: 'missing' }]);
     const parsed = parseCsvUpload(content);

@@ -35,7 +35,6 @@ function campaignBody(form: Record<string, string>) {
 }
 
 async function editor(
-  app: App,
   organizationId: string,
   em: Parameters<typeof listSenders>[0],
   user: PageUser,
@@ -46,7 +45,6 @@ async function editor(
   const markdown = !c || c.contentType === 'MARKDOWN';
   const content = c ? (typeof c.content === 'string' ? c.content : JSON.stringify(c.content, null, 2)) : STARTER;
   const action = c ? `/app/campaigns/${c.id}` : '/app/campaigns';
-  void app;
   return html`
 <div class="split">
 <form method="post" action="${action}" id="campaign-form">
@@ -106,7 +104,7 @@ ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Open
 
   app.get('/app/campaigns/new', { schema: { hide: true } }, async (request, reply) => {
     const { caller, user } = signedIn(request, 'campaigns');
-    return sendPage(reply, page({ title: 'New campaign', active: 'campaigns', user }, await editor(app, caller.organizationId, request.em, user, null)));
+    return sendPage(reply, page({ title: 'New campaign', active: 'campaigns', user }, await editor(caller.organizationId, request.em, user, null)));
   });
 
   app.post('/app/campaigns/preview', { schema: { hide: true } }, async (request, reply) => {
@@ -138,7 +136,7 @@ ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Open
       return sendPage(reply, page({ title: c.name, active: 'campaigns', user, notice: noticeOf(request) }, body));
     }
     const body = html`${facts}
-${await editor(app, caller.organizationId, request.em, user, view)}
+${await editor(caller.organizationId, request.em, user, view)}
 <h2>Send a test</h2>
 <form method="post" action="/app/campaigns/${c.id}/test" class="inline">
   ${csrfField(user)}

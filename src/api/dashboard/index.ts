@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import formbody from '@fastify/formbody';
 import multipart from '@fastify/multipart';
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
 import { AppError } from '../../shared/errors.js';
@@ -198,4 +198,3 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
   }
 }
 
-export type { FastifyReply };

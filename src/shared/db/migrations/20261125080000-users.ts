@@ -14,8 +14,10 @@ export class Migration20261125080000Users extends Migration {
       )`);
     this.addSql('create unique index users_email_uq on users (email)');
     this.addSql('create index users_organization_idx on users (organization_id, id)');
-    // The dashboard's recipient search stays an index range with 1,000,000 emails.
-    this.addSql(`create index emails_api_recipient_idx on emails (organization_id, lower(to_address), id) where source = 'api'`);
+    // The dashboard's recipient search stays an index range with 1,000,000 emails. Migrations
+    // run in one transaction, so this build holds off writes to emails while it runs; with a
+    // large table, create the same index CONCURRENTLY before upgrading and this is a no-op.
+    this.addSql(`create index if not exists emails_api_recipient_idx on emails (organization_id, lower(to_address), id) where source = 'api'`);
   }
 
   override async down(): Promise<void> {
