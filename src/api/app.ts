@@ -5,6 +5,7 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } f
 import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
+import { dashboard } from './dashboard/index.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
@@ -13,6 +14,7 @@ import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
+import { providerWebhooksRoutes } from './routes/provider-webhooks.js';
 import { providerWebhookRoutes, trackingRoutes } from './routes/tracking.js';
 import type { App } from './types.js';
 import { v1Error } from './v1/envelope.js';
@@ -103,6 +105,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(unsubscribeRoutes);
   await app.register(trackingRoutes);
   await app.register(providerWebhookRoutes);
+  await app.register(providerWebhooksRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();
@@ -115,6 +118,8 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     { prefix: '/api/v2' },
   );
   await registerAgentInterfaces(app, services, tokenCache, rateLimiter);
+  // The dashboard (contract 20) in its own scope: form bodies, sessions, HTML errors.
+  await app.register(dashboard, { tokenCache });
 
   return app as unknown as App;
 }

@@ -10,6 +10,7 @@ import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
 import { organizationRateLimiter, type WindowRateLimiter } from './rate-limits/window.js';
+import { SnsCertificates } from './providers/sns.js';
 import { createRedis, settleConnection } from './redis.js';
 
 /**
@@ -36,6 +37,8 @@ export interface Services {
   render: RenderPool;
   /** RATE_LIMIT_ORG_PER_SECOND per organization, for every interface of this process. */
   orgLimiter: WindowRateLimiter;
+  /** Amazon SNS signing certificates fetched for the SES webhook, cached by URL. */
+  snsCertificates: SnsCertificates;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -64,6 +67,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     }),
     render: new RenderPool({ threads: 2, timeoutMs: 30_000 }),
     orgLimiter: organizationRateLimiter({ redis, config }),
+    snsCertificates: new SnsCertificates(),
   };
 }
 
