@@ -3,7 +3,7 @@ import type { Services } from '../shared/container.js';
 import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
 import { HandoverFence } from '../shared/emails/handover.js';
 import { sendGateOf } from '../shared/outcomes/send-gate.js';
-import { purgeIdempotencyKeys, queueForSource, sendJob, type EmailQueueName } from '../shared/emails/service.js';
+import { purgeIdempotencyKeys, queueForSource, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
 export interface EmailProcessorOptions {
@@ -147,8 +147,9 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
         if (interrupted > 0) ctx.log.warn({ interrupted }, 'failed emails interrupted mid hand-over');
         let afterId: string | undefined;
         let requeued = 0;
+        const createdBefore = await oldestUnexpandedBatch(ctx);
         for (;;) {
-          const page = await queuedEmailsPage(ctx.em, { graceMs, afterId, limit: RECONCILE_PAGE });
+          const page = await queuedEmailsPage(ctx.em, { graceMs, afterId, limit: RECONCILE_PAGE, createdBefore });
           if (page.length === 0) break;
           afterId = page[page.length - 1]!.id;
           requeued += await requeueMissing(ctx, page);
@@ -171,6 +172,26 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
       }
     },
   });
+}
+
+/**
+ * The emails of a `send-batch` job still waiting to be expanded have no job of their own
+ * yet: not missing. Without this bound, a backlog older than the grace period made the
+ * reconciler enqueue every one of them again (145,000 job additions in one run, measured by
+ * bench:backlog), which took the worker's time from sending. The bound is the creation of the
+ * oldest batch waiting in either email queue (its emails were committed just before it).
+ */
+async function oldestUnexpandedBatch(ctx: JobContext): Promise<Date | undefined> {
+  let oldest: number | undefined;
+  for (const name of ['emails', 'campaign-emails'] as const) {
+    const queue = ctx.services.producer.queue(name);
+    // BullMQ's score of a prioritized job: priority * 2^32 + a counter (FIFO within a priority).
+    const [id] = await ctx.services.redis.zrangebyscore(queue.keys.prioritized!, SEND_BATCH_PRIORITY * 2 ** 32, '+inf', 'LIMIT', 0, 1);
+    const timestamp = id ? Number(await ctx.services.redis.hget(queue.toKey(id), 'timestamp')) : NaN;
+    if (Number.isFinite(timestamp)) oldest = Math.min(oldest ?? timestamp, timestamp);
+  }
+  // A little slack: the rows' created_at comes from PostgreSQL's clock, the job's from Node's.
+  return oldest === undefined ? undefined : new Date(oldest - 5_000);
 }
 
 /** Enqueues the emails whose job is gone; a job that finished while its row is still queued is replaced. */

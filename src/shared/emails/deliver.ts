@@ -503,16 +503,20 @@ export async function failInterruptedEmails(em: EntityManager, leaseMs: number, 
   );
 }
 
-/** Reconciler, part 2: one keyset page of queued emails older than `graceMs`. */
+/**
+ * Reconciler, part 2: one keyset page of queued emails older than `graceMs` (and created
+ * before `createdBefore`, when given).
+ */
 export async function queuedEmailsPage(
   em: EntityManager,
-  options: { graceMs: number; afterId?: string; limit: number },
+  options: { graceMs: number; afterId?: string; limit: number; createdBefore?: Date },
 ): Promise<{ id: string; source: 'api' | 'campaign' | 'test' }[]> {
   return em.execute(
     `select id, source from emails
      where status in ('queued', 'sending') and status = 'queued' and id > ? and created_at < now() - (? * interval '1 millisecond')
+       and created_at < coalesce(?::timestamptz, 'infinity')
      order by id limit ?`,
-    [options.afterId ?? '', options.graceMs, options.limit],
+    [options.afterId ?? '', options.graceMs, options.createdBefore?.toISOString() ?? null, options.limit],
     'all',
   );
 }
