@@ -6,6 +6,7 @@ import nodemailer, { type SendMailOptions, type Transporter } from 'nodemailer';
 import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import DKIM from 'nodemailer/lib/dkim/index.js';
 import type { Config } from '../config.js';
+import { createDkimSigner, defaultDkimThreads, type DkimSigner } from './dkim-pool.js';
 
 /** One message as handed to the provider. */
 export interface OutgoingMessage {
@@ -150,6 +151,10 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
   // built here once, and handed to it as it is; Mail.sendMail would parse the built message
   // again (a second compile, Message-ID and boundaries generated anew) before sending it.
   const pool = (transporter as unknown as { transporter: SmtpPool }).transporter;
+  // DKIM signing in worker threads (dkim-pool.ts), made on the first signed message: a
+  // process that never signs (the API) starts none. 0 threads: signed on the event loop.
+  const threads = config.dkimThreads ?? defaultDkimThreads();
+  let signer: DkimSigner | undefined;
   return {
     kind: 'smtp',
     async send(message) {
@@ -159,7 +164,13 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       const node = new MailComposer({ ...mail, textEncoding: 'base64' }).compile();
       // Built into one buffer first, so the socket gets a few large writes rather than
       // one per MIME line (with TCP_NODELAY each write would be a packet).
-      const raw = await node.build();
+      let raw = await node.build();
+      let signOnStream = key;
+      if (key && threads > 0) {
+        signer ??= createDkimSigner(threads);
+        raw = await signer.sign(raw, key as DKIM.SingleKeyOptions);
+        signOnStream = undefined;
+      }
       if (message.skipRecipients && message.skipRecipients.length > 0) {
         const envelope = withoutSkipped(node.getEnvelope(), message.skipRecipients);
         node.getEnvelope = () => envelope;
@@ -172,7 +183,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       // answered DATA with 354; its end is held until `beforeCommit` resolves, so the final
       // `.` follows it.
       node.createReadStream = () => {
-        const signed: Readable = key ? new DKIM(key).sign(raw) : new PassThrough().end(raw);
+        const signed: Readable = signOnStream ? new DKIM(signOnStream).sign(raw) : new PassThrough().end(raw);
         return hook ? holdEnd(signed, hook, onCommit) : signed;
       };
       const info = await new Promise<{ response?: string }>((resolve, reject) => {
@@ -191,6 +202,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
     },
     close() {
       transporter.close();
+      void signer?.close();
     },
   };
 }
