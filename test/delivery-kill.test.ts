@@ -58,7 +58,7 @@ async function sql<T>(query: string, params: unknown[] = []): Promise<T[]> {
 }
 
 describe.each([2, 20])('worker SIGKILLed mid-send, relay answering in %i ms', (replyDelayMs) => {
-  it(`loses nothing and sends nothing twice over ${KILLS} kills`, { timeout: 80_000 }, async () => {
+  it(`loses nothing and sends nothing twice over ${KILLS} kills`, { timeout: 120_000 }, async () => {
     const sink = await startCountingSink({ replyDelayMs });
     sinks.push(sink);
     const { token, organizationId } = await createOrg(ctx.services);
