@@ -66,6 +66,9 @@ const envSchema = z
       .transform((v) => (v ?? '').split(',').map((s) => s.trim().toLowerCase().replace(/\.$/, '')).filter(Boolean)),
     RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
+    // Delivery engine: worker threads that DKIM-sign outgoing mail (default: the cores but one,
+    // at least 1; 0 signs on the worker's event loop).
+    DKIM_SIGNING_THREADS: z.coerce.number().int().min(0).max(64).optional(),
     EMAIL_RECONCILE_EVERY_MS: optionalPositiveInt,
     EMAIL_RECONCILE_GRACE_MS: z.coerce.number().int().min(0).optional(),
     WORKER_QUEUES: z
@@ -143,6 +146,8 @@ export interface Config {
     outboxDir: string;
     smtpUrl?: string;
     ratePerSecond?: number;
+    /** DKIM signing threads of a sending process (undefined: the default for the machine). */
+    dkimThreads?: number;
   };
   dnsServers?: string[];
   verifyMonthlyQuota: number;
@@ -207,6 +212,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       outboxDir: e.MAIL_OUTBOX_DIR,
       smtpUrl: e.SMTP_URL,
       ratePerSecond: e.MAIL_RATE_PER_SECOND,
+      dkimThreads: e.DKIM_SIGNING_THREADS,
     },
     dnsServers: e.DNS_SERVERS,
     verifyMonthlyQuota: e.VERIFY_MONTHLY_QUOTA,
