@@ -27,6 +27,8 @@ const bench = await createBenchEnv('ingest', { MAIL_TRANSPORT: 'smtp', SMTP_URL:
 const port = await freePort();
 const base = `http://127.0.0.1:${port}`;
 const api = await spawnService('src/api/server.ts', { ...bench.env, PORT: String(port) }, `${base}/healthz`);
+const idleRss = Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${api.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+console.log(`API RSS once started: ${fmt(idleRss / 1024 / 1024)} MiB`);
 const workers: ChildProcess[] = [];
 for (let i = 0; i < WORKERS; i++) workers.push(await spawnService('src/workers/main.ts', bench.env));
 const em = bench.services.orm.em.fork();
@@ -97,6 +99,9 @@ async function run(title: string, perCall: number, options: autocannon.Options):
   const result = await autocannon({ connections: CONNECTIONS, duration: DURATION, ...options, url: `${base}${options.url ?? ''}` });
   const after = await snapshot();
   const rss = Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${api.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  const gauge = (name: string) => fmt(Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)`, 'm').exec(metrics)?.[1] ?? 0) / 1024 / 1024);
+  const heap = `heap used ${gauge('nodejs_heap_size_used_bytes')} of ${gauge('nodejs_heap_size_total_bytes')} MiB, external ${gauge('nodejs_external_memory_bytes')} MiB`;
   const sentAfter = WORKERS ? await delivered() : 0;
   const emails = result['2xx'] * perCall;
   const rate = (perCall ? emails : result['2xx']) / result.duration;
@@ -107,7 +112,7 @@ async function run(title: string, perCall: number, options: autocannon.Options):
     `${title.padEnd(28)} ${fmt(rate)} /s   p50 ${result.latency.p50} ms   p99 ${result.latency.p99} ms   non-2xx ${result.non2xx}   errors ${result.errors}` +
       (WORKERS && perCall ? `   delivered meanwhile ${fmt((sentAfter - sentBefore) / result.duration)} /s` : ''),
   );
-  if (perCall) console.log(`${''.padEnd(28)} CPU µs an accepted email: ${cpu}; API RSS now ${fmt(rss / 1024 / 1024)} MiB, peak so far ${fmt(peakRss / 1024 / 1024)} MiB`);
+  if (perCall) console.log(`${''.padEnd(28)} CPU µs an accepted email: ${cpu}; API RSS now ${fmt(rss / 1024 / 1024)} MiB, peak so far ${fmt(peakRss / 1024 / 1024)} MiB (${heap})`);
   return { result, rate, cpu };
 }
 
@@ -122,6 +127,7 @@ try {
     throw new Error('BENCH_ONLY: done');
   }
 
+  console.log(`API RSS after the warm-up: ${fmt(peakRss / 1024 / 1024)} MiB peak`);
   const health = await run('GET /healthz', 0, { url: '/healthz' });
   const single = await run('POST /api/v2/emails', 1, { url: '/api/v2/emails', method: 'POST', headers, body: singleBody });
   const keyed = await run('  with Idempotency-Key', 1, {

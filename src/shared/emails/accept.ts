@@ -142,8 +142,8 @@ function columnArrays(inputs: NewEmail[], ids: string[], keys?: (string | null)[
 export async function insertEmails(db: EntityManager | Sql, inputs: NewEmail[], ids: string[] = inputs.map(() => newId('eml'))): Promise<string[]> {
   if (inputs.length === 0) return [];
   const params = columnArrays(inputs, ids);
-  if ('query' in db) await db.query(INSERT_SQL, params);
-  else await withConnection(db, (sql) => sql.query(INSERT_SQL, params));
+  if ('query' in db) await db.query(INSERT_SQL, params, 'mailroom_emails_insert');
+  else await withConnection(db, (sql) => sql.query(INSERT_SQL, params, 'mailroom_emails_insert'));
   return ids;
 }
 
@@ -219,7 +219,7 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
   });
   const keyed = requests.map((r, i) => ({ r, i })).filter(({ r }) => r.idempotency);
   if (keyed.length === 0) {
-    await withConnection(em, (sql) => sql.query(INSERT_SQL, columnArrays(inputs, ids)));
+    await withConnection(em, (sql) => sql.query(INSERT_SQL, columnArrays(inputs, ids), 'mailroom_emails_insert'));
     return requestIds.map((own) => ({ ok: { ids: own, replayed: false } }));
   }
 
@@ -242,7 +242,7 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
         // A PG array literal: ids are [0-9a-z_] only.
         keyed.map(({ i }) => `{${requestIds[i]!.join(',')}}`),
         ...columnArrays(inputs, ids, rowKeys),
-      ]);
+      ], 'mailroom_emails_insert_keyed');
       const won = new Set(claimed.map((c) => scope(c.organization_id, c.idempotency_key)));
       const lost = keyed.filter(({ r }) => !won.has(scope(r.emails[0]!.organizationId, r.idempotency!.key)));
       const earlier = new Map<string, { request_hash: string; email_ids: string[] }>();
