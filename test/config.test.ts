@@ -70,6 +70,11 @@ describe('loadConfig defaults (contract 2)', () => {
       ALLOW_UNVERIFIED_DOMAINS: 'yes',
       LOG_LEVEL: 'warn',
       VERIFY_BLOCKED_DOMAINS: 'spam.example, Junk.Example',
+      RATE_LIMIT_ORG_PER_SECOND: '300',
+      MAX_TOKENS_PER_ORGANIZATION: '7',
+      MAX_DOMAINS_PER_ORGANIZATION: '3',
+      TEST_SENDS_PER_HOUR: '5',
+      SECRET_KEY_FILE: '/var/lib/mailroom/secret-key',
       SNS_CERT_HOST_PATTERN: '^sns\\.example\\.test$',
       SES_SNS_TOPIC_ARNS: 'arn:aws:sns:eu-west-1:1:a, arn:aws:sns:eu-west-1:1:b',
       POSTMARK_WEBHOOK_USER: 'pm',
@@ -106,6 +111,11 @@ describe('loadConfig defaults (contract 2)', () => {
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
       logLevel: 'warn',
+      rateLimitOrgPerSecond: 300,
+      maxTokensPerOrganization: 7,
+      maxDomainsPerOrganization: 3,
+      testSendsPerHour: 5,
+      secretKeyFile: '/var/lib/mailroom/secret-key',
     });
   });
 
