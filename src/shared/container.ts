@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { ReturnPaths, returnPathHost } from './bounces/return-path.js';
 import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
@@ -30,6 +31,8 @@ export interface Services {
   metrics: Metrics;
   /** The mail transport (file or pooled SMTP); it connects on its first send. */
   mailer: MailTransport;
+  /** Signs and verifies the per-email return paths (bounces by mail, contract 18a). */
+  returnPaths: ReturnPaths;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -41,6 +44,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   if (!(await settleConnection(redis))) logger.warn('Redis is not reachable yet: requests that need it answer 503 until it is');
   const producer = new QueueProducer(redis, config.redisPrefix);
   const box = new SecretBox(config.secretKey);
+  const returnPaths = new ReturnPaths(config.secretKey);
   return {
     config,
     logger,
@@ -55,7 +59,10 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     mailer: createMailTransport(config.mail, {
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
+      // VERP: bounces come back to a per-email address (docs/outcomes.md).
+      returnPath: (emailId, fromDomain, ownDomain) => returnPaths.address(emailId, returnPathHost(fromDomain, ownDomain, config.inbound.bounceDomain)),
     }),
+    returnPaths,
   };
 }
 
