@@ -5,7 +5,7 @@ import type { Metrics } from '../metrics.js';
 import { applyProviderEvent } from '../outcomes/provider-events.js';
 import { readReport } from './report.js';
 import { returnPathHost } from './return-path.js';
-import { emailById, emailByMessageId, finishReport, pendingReport, type ReportEmail } from './store.js';
+import { claimReport, emailById, emailByMessageId, finishReport, pendingReport, type ReportEmail } from './store.js';
 import { verdictOf, type Verdict } from './verdict.js';
 
 export interface ReportOutcome {
@@ -54,7 +54,7 @@ export async function processReport(em: EntityManager, reportId: string, deps: P
 
   return em.transactional(async (tx) => {
     const outcome: ReportOutcome = { status: verdict.type === 'ignored' ? 'ignored' : 'applied', emailId: email?.id ?? null, verdict, ...(event ? { event } : {}) };
-    if (!(await finishReport(tx as EntityManager, reportId, outcome.status, outcome, deps.now))) return null;
+    if (!(await claimReport(tx as EntityManager, reportId))) return null;
     if (email && (verdict.type === 'bounced' || verdict.type === 'complained')) {
       const result = await applyProviderEvent(
         tx as EntityManager,
@@ -63,6 +63,7 @@ export async function processReport(em: EntityManager, reportId: string, deps: P
       );
       outcome.changed = result.changed;
     }
+    await finishReport(tx as EntityManager, reportId, outcome.status, outcome, deps.now);
     // Customer webhooks (contract 17): `event` is written to the webhook outbox here, in this
     // transaction, once that outbox exists; until then it is recorded with the report.
     deps.log?.info({ reportId, emailId: outcome.emailId, verdict: verdict.type, ...(verdict.type === 'ignored' ? { reason: verdict.reason } : {}) }, 'inbound report read');

@@ -50,9 +50,15 @@ export async function pendingReport(em: EntityManager, id: string): Promise<Stor
 }
 
 /**
- * Records what the report meant; false when another run got there first (the caller's
- * transaction then writes nothing else: one report has one effect).
+ * Locks a report still unread, in the caller's transaction; false when another run has read
+ * it (a concurrent run waits for the lock, then finds it read: one report has one effect).
  */
+export async function claimReport(em: EntityManager, id: string): Promise<boolean> {
+  const rows = await em.execute<{ id: string }[]>(`select id from inbound_reports where id = ? and status = 'received' for update`, [id], 'all');
+  return rows.length > 0;
+}
+
+/** Records what the report meant (after `claimReport`, in the same transaction). */
 export async function finishReport(em: EntityManager, id: string, status: 'applied' | 'ignored', outcome: object, at: Date): Promise<boolean> {
   const rows = await em.execute<{ id: string }[]>(
     `update inbound_reports set status = ?, outcome = ?::jsonb, processed_at = ? where id = ? and status = 'received' returning id`,
