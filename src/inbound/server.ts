@@ -36,6 +36,8 @@ export interface InboundServer {
 // A DSN or ARF report has one recipient; a few more are tolerated, not hundreds.
 const MAX_RECIPIENTS = 10;
 const SOCKET_TIMEOUT_MS = 60_000;
+// Messages written by one INSERT (group commit, `storeReports`).
+const MAX_BATCH = 100;
 
 class SmtpReply extends Error {
   constructor(
@@ -113,23 +115,45 @@ export async function startInboundServer(options: InboundServerOptions): Promise
 }
 
 /**
- * Stores an accepted message, one report per recipient, then enqueues their jobs. The SMTP
- * answer is given once the rows are committed; a job lost with Redis is re-enqueued by the
- * reconciler (workers/inbound.ts), so a failed enqueue does not refuse the message.
+ * Stores accepted messages, one report per recipient, then enqueues their jobs. The SMTP
+ * answer is given once the rows are committed, without waiting for Redis: a job that is not
+ * added (Redis down or lost) is added by the reconciler (workers/inbound.ts) a minute later.
+ *
+ * Group commit: the messages that arrive on other connections while one batch is being
+ * written wait for it and are written together by the next (one INSERT, one commit, one
+ * enqueue round trip). A message arriving on an idle listener is written at once: no timer.
  */
 export function storeReports(services: Services): (message: InboundMessage) => Promise<void> {
-  return async (message) => {
-    const reports: NewReport[] = message.recipients.map((r) => ({ id: newReportId(), emailId: r.emailId, mailFrom: message.mailFrom, rcptTo: r.address, raw: message.raw }));
-    await insertReports(services.orm.em.fork(), reports, services.clock());
-    try {
-      await services.producer.addBulk(
-        'inbound',
-        reports.map((r) => ({ name: 'process' as const, data: { reportId: r.id }, jobId: r.id })),
-      );
-    } catch (error) {
-      services.logger.warn({ err: error, reports: reports.length }, 'inbound report stored but not enqueued; the reconciler will');
+  const waiting: { reports: NewReport[]; done: () => void; failed: (error: unknown) => void }[] = [];
+  let writing = false;
+
+  const writeBatch = async () => {
+    writing = true;
+    while (waiting.length > 0) {
+      const batch = waiting.splice(0, MAX_BATCH);
+      const reports = batch.flatMap((b) => b.reports);
+      try {
+        await insertReports(services.orm.em.fork(), reports, services.clock());
+      } catch (error) {
+        for (const b of batch) b.failed(error);
+        continue;
+      }
+      // Committed: the sender may drop its copy now. One job reads the batch; it is added
+      // without holding the answer (or the next batch) for Redis.
+      for (const b of batch) b.done();
+      services.producer
+        .add('inbound', { name: 'process', data: { reportIds: reports.map((r) => r.id) }, jobId: reports[0]!.id })
+        .catch((error: unknown) => services.logger.warn({ err: error, reports: reports.length }, 'inbound reports stored but not enqueued; the reconciler will'));
     }
+    writing = false;
   };
+
+  return (message) =>
+    new Promise<void>((resolve, reject) => {
+      const reports = message.recipients.map((r) => ({ id: newReportId(), emailId: r.emailId, mailFrom: message.mailFrom, rcptTo: r.address, raw: message.raw }));
+      waiting.push({ reports, done: resolve, failed: reject });
+      if (!writing) void writeBatch();
+    });
 }
 
 /** The listener of a process (`npm start`, Procfile `inbound`), configured from INBOUND_*. */

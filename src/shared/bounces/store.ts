@@ -39,33 +39,38 @@ export interface StoredReport {
   raw: Buffer;
 }
 
-/** A report still to be read, or undefined when it is unknown or already read. */
-export async function pendingReport(em: EntityManager, id: string): Promise<StoredReport | undefined> {
-  const [row] = await em.execute<StoredReport[]>(
-    `select id, email_id, mail_from, rcpt_to, raw from inbound_reports where id = ? and status = 'received'`,
-    [id],
+/** The reports among `ids` still to be read. */
+export async function pendingReports(em: EntityManager, ids: string[]): Promise<StoredReport[]> {
+  return em.execute<StoredReport[]>(
+    `select id, email_id, mail_from, rcpt_to, raw from inbound_reports where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'received' order by id`,
+    [JSON.stringify(ids)],
     'all',
   );
-  return row;
 }
 
 /**
- * Locks a report still unread, in the caller's transaction; false when another run has read
- * it (a concurrent run waits for the lock, then finds it read: one report has one effect).
+ * Locks the reports among `ids` still unread, in the caller's transaction; returns them. A
+ * concurrent run waits for the locks, then finds them read: one report has one effect.
  */
-export async function claimReport(em: EntityManager, id: string): Promise<boolean> {
-  const rows = await em.execute<{ id: string }[]>(`select id from inbound_reports where id = ? and status = 'received' for update`, [id], 'all');
-  return rows.length > 0;
-}
-
-/** Records what the report meant (after `claimReport`, in the same transaction). */
-export async function finishReport(em: EntityManager, id: string, status: 'applied' | 'ignored', outcome: object, at: Date): Promise<boolean> {
+export async function claimReports(em: EntityManager, ids: string[]): Promise<Set<string>> {
   const rows = await em.execute<{ id: string }[]>(
-    `update inbound_reports set status = ?, outcome = ?::jsonb, processed_at = ? where id = ? and status = 'received' returning id`,
-    [status, JSON.stringify(outcome), at, id],
+    `select id from inbound_reports where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'received' order by id for update`,
+    [JSON.stringify(ids)],
     'all',
   );
-  return rows.length > 0;
+  return new Set(rows.map((r) => r.id));
+}
+
+/** Records what each report meant, in one statement (after `claimReports`, in the same transaction). */
+export async function finishReports(em: EntityManager, reports: { id: string; outcome: { status: 'applied' | 'ignored' } }[], at: Date): Promise<void> {
+  if (reports.length === 0) return;
+  await em.execute(
+    `update inbound_reports r set status = f.outcome ->> 'status', outcome = f.outcome, processed_at = ?
+     from jsonb_to_recordset(?::jsonb) as f(id text, outcome jsonb)
+     where r.id = f.id and r.status = 'received'`,
+    [at, JSON.stringify(reports)],
+    'run',
+  );
 }
 
 export interface ReportEmail {
@@ -81,9 +86,9 @@ export interface ReportEmail {
 const EMAIL_COLUMNS = `e.id, e.organization_id, e.message_id, e.from_address, ${TO_ADDRESS_SQL} as address,
   (coalesce(jsonb_array_length(e.cc), 0) + coalesce(jsonb_array_length(e.bcc), 0)) > 0 as has_copies`;
 
-export async function emailById(em: EntityManager, id: string): Promise<ReportEmail | undefined> {
-  const [row] = await em.execute<ReportEmail[]>(`select ${EMAIL_COLUMNS} from emails e where e.id = ?`, [id], 'all');
-  return row;
+export async function emailsById(em: EntityManager, ids: string[]): Promise<Map<string, ReportEmail>> {
+  const rows = await em.execute<ReportEmail[]>(`select ${EMAIL_COLUMNS} from emails e where e.id in (select jsonb_array_elements_text(?::jsonb))`, [JSON.stringify(ids)], 'all');
+  return new Map(rows.map((r) => [r.id, r]));
 }
 
 export async function emailByMessageId(em: EntityManager, messageId: string): Promise<ReportEmail | undefined> {
