@@ -70,6 +70,17 @@ describe('loadConfig defaults (contract 2)', () => {
       ALLOW_UNVERIFIED_DOMAINS: 'yes',
       LOG_LEVEL: 'warn',
       VERIFY_BLOCKED_DOMAINS: 'spam.example, Junk.Example',
+      SNS_CERT_HOST_PATTERN: '^sns\\.example\\.test$',
+      SES_SNS_TOPIC_ARNS: 'arn:aws:sns:eu-west-1:1:a, arn:aws:sns:eu-west-1:1:b',
+      POSTMARK_WEBHOOK_USER: 'pm',
+      POSTMARK_WEBHOOK_PASSWORD: 'pm-pw',
+      MAILGUN_WEBHOOK_SIGNING_KEY: 'mg-key',
+      SENDGRID_WEBHOOK_PUBLIC_KEY: 'sg-key',
+      INBOUND_SMTP_HOST: '0.0.0.0',
+      INBOUND_SMTP_PORT: '25',
+      INBOUND_MAX_MESSAGE_BYTES: '2048',
+      INBOUND_MAX_CONNECTIONS: '7',
+      BOUNCE_DOMAIN: 'Bounces.Example.COM',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -90,10 +101,25 @@ describe('loadConfig defaults (contract 2)', () => {
       workerQueues: ['maintenance', 'emails'],
       workerMetricsPort: 9100,
       providerWebhookSecret: 'whsec',
+      providers: {
+        snsCertHostPattern: /^sns\.example\.test$/i,
+        ses: { enabled: true, topicArns: ['arn:aws:sns:eu-west-1:1:a', 'arn:aws:sns:eu-west-1:1:b'] },
+        postmark: { user: 'pm', password: 'pm-pw' },
+        mailgunSigningKey: 'mg-key',
+        sendgridPublicKey: 'sg-key',
+      },
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
       logLevel: 'warn',
+      inbound: { host: '0.0.0.0', port: 25, maxMessageBytes: 2048, maxConnections: 7, bounceDomain: 'bounces.example.com' },
     });
+  });
+
+  it('takes the return-path host of unowned domains from PUBLIC_URL unless BOUNCE_DOMAIN is set, and refuses a bad one', () => {
+    expect(loadConfig({}).inbound).toEqual({ host: '127.0.0.1', port: 2525, maxMessageBytes: 10 * 1024 * 1024, maxConnections: 50, bounceDomain: 'localhost' });
+    expect(loadConfig({ PUBLIC_URL: 'https://Mail.Acme.test' }).inbound.bounceDomain).toBe('mail.acme.test');
+    expect(() => loadConfig({ BOUNCE_DOMAIN: 'not a host' })).toThrow(/BOUNCE_DOMAIN/);
+    expect(() => loadConfig({ INBOUND_SMTP_PORT: '70000' })).toThrow(/INBOUND_SMTP_PORT/);
   });
 
   it('reads WORKER_QUEUES=all as every queue', () => {

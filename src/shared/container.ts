@@ -9,6 +9,7 @@ import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
+import { SnsCertificates } from './providers/sns.js';
 import { createRedis, settleConnection } from './redis.js';
 
 /**
@@ -33,6 +34,8 @@ export interface Services {
   mailer: MailTransport;
   /** Signs and verifies the per-email return paths (bounces by mail, contract 18a). */
   returnPaths: ReturnPaths;
+  /** Amazon SNS signing certificates fetched for the SES webhook, cached by URL. */
+  snsCertificates: SnsCertificates;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -63,6 +66,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       returnPath: (emailId, fromDomain, ownDomain) => returnPaths.address(emailId, returnPathHost(fromDomain, ownDomain, config.inbound.bounceDomain)),
     }),
     returnPaths,
+    snsCertificates: new SnsCertificates(),
   };
 }
 

@@ -1,7 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { mailboxDomain } from '../emails/addresses.js';
 import type { Metrics } from '../metrics.js';
-import { applyProviderEvent } from '../outcomes/provider-events.js';
+import { applyDeliveryFeedback } from '../outcomes/provider-events.js';
 import { readReport } from './report.js';
 import { returnPathHost } from './return-path.js';
 import { claimReports, emailByMessageId, emailsById, finishReports, pendingReports, type ReportEmail } from './store.js';
@@ -38,7 +38,7 @@ export function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
  * must be that email's or another email of the same organization (a feedback loop
  * registered with one return path reports others), never another organization's. The
  * effects are those of the provider webhook (contract 11), through the same function
- * (`applyProviderEvent`), in the transaction that marks the reports read (their rows locked
+ * (`applyDeliveryFeedback`, as the provider webhooks), in the transaction that marks the reports read (their rows locked
  * first): a report has one effect however often its job runs, and the same report received
  * twice has one effect because every write of that function is idempotent. The reports of
  * one SMTP batch are read together (one query for the reports, one for their emails, one
@@ -64,13 +64,18 @@ export async function processReports(em: EntityManager, reportIds: string[], dep
     for (const { id, email, outcome } of planned) {
       if (!claimed.has(id)) continue;
       const verdict = outcome.verdict;
-      if (email && (verdict.type === 'bounced' || verdict.type === 'complained')) {
-        const result = await applyProviderEvent(
+      if (email && verdict.type !== 'ignored') {
+        const result = await applyDeliveryFeedback(
           tx as EntityManager,
-          { type: verdict.type, messageId: email.message_id!, bounceType: verdict.type === 'bounced' ? verdict.bounceType : undefined, diagnostic: verdict.diagnostic },
+          {
+            type: verdict.type === 'delayed' ? 'delivery_delayed' : verdict.type,
+            messageId: email.message_id!,
+            bounceType: verdict.type === 'bounced' ? verdict.bounceType : undefined,
+            diagnostic: verdict.diagnostic,
+          },
           { metrics: deps.metrics, now: deps.now },
         );
-        outcome.changed = result.changed;
+        outcome.changed = result?.changed ?? false;
       }
       // Customer webhooks (contract 17): `outcome.event` is written to the webhook outbox
       // here, in this transaction, once that outbox exists; until then it is recorded with
