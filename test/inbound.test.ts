@@ -171,6 +171,8 @@ describe('bounces by mail', () => {
     expect(delayed!.outcome).toMatchObject({ status: 'applied', verdict: { type: 'delayed' }, event: 'email.delivery_delayed' });
     expect((await getEmail(sent.id)).last_event).toBe('sent');
     expect(await suppressed(acme.organizationId, 'exim-user@example.com')).toBe(false);
+    const delays = await sql(`select details from email_events where email_id = ? and type = 'delivery_delayed'`, [sent.id]);
+    expect(delays).toHaveLength(1);
 
     await deliver(fixture('exim-dsn', sent), sent.returnPath);
     const rows = await readReports(sent.returnPath, 2);

@@ -57,7 +57,6 @@ class SmtpReply extends Error {
 export async function startInboundServer(options: InboundServerOptions): Promise<InboundServer> {
   const { returnPaths, logger } = options;
   const server = new SMTPServer({
-    name: undefined,
     banner: 'mailroom bounce and feedback receiver',
     authOptional: true,
     disabledCommands: ['AUTH', 'STARTTLS'],
