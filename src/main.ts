@@ -1,4 +1,5 @@
 import { startApi } from './api/server.js';
+import { startInbound } from './inbound/server.js';
 import { bootConfig, handleShutdown } from './shared/boot.js';
 import { closeServices, createServices } from './shared/container.js';
 import { ensureDatabase, migrate } from './shared/db/orm.js';
@@ -20,12 +21,16 @@ const applied = await migrate(services.orm);
 if (applied.length > 0) logger.info({ applied }, 'applied migrations');
 const workers = await startWorkerProcess(services);
 const app = await startApi(services);
+// Bounces and complaints by mail (docs/outcomes.md), on INBOUND_SMTP_HOST:INBOUND_SMTP_PORT.
+const inbound = await startInbound(services);
+logger.info(`inbound SMTP for bounces and complaints on ${inbound.host}:${inbound.port}`);
 // The bound address, not the configured one: PORT=0 lets the OS choose.
 const bound = app.server.address();
 const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
 logger.info(`mailroom is running on http://${where} (docs at /docs)`);
 shutdown.onStop(async () => {
   await app.close();
+  await inbound.close();
   await workers.close();
   await closeServices(services);
 });

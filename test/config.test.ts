@@ -81,6 +81,11 @@ describe('loadConfig defaults (contract 2)', () => {
       POSTMARK_WEBHOOK_PASSWORD: 'pm-pw',
       MAILGUN_WEBHOOK_SIGNING_KEY: 'mg-key',
       SENDGRID_WEBHOOK_PUBLIC_KEY: 'sg-key',
+      INBOUND_SMTP_HOST: '0.0.0.0',
+      INBOUND_SMTP_PORT: '25',
+      INBOUND_MAX_MESSAGE_BYTES: '2048',
+      INBOUND_MAX_CONNECTIONS: '7',
+      BOUNCE_DOMAIN: 'Bounces.Example.COM',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -116,7 +121,15 @@ describe('loadConfig defaults (contract 2)', () => {
       maxDomainsPerOrganization: 3,
       testSendsPerHour: 5,
       secretKeyFile: '/var/lib/mailroom/secret-key',
+      inbound: { host: '0.0.0.0', port: 25, maxMessageBytes: 2048, maxConnections: 7, bounceDomain: 'bounces.example.com' },
     });
+  });
+
+  it('takes the return-path host of unowned domains from PUBLIC_URL unless BOUNCE_DOMAIN is set, and refuses a bad one', () => {
+    expect(loadConfig({}).inbound).toEqual({ host: '127.0.0.1', port: 2525, maxMessageBytes: 10 * 1024 * 1024, maxConnections: 50, bounceDomain: 'localhost' });
+    expect(loadConfig({ PUBLIC_URL: 'https://Mail.Acme.test' }).inbound.bounceDomain).toBe('mail.acme.test');
+    expect(() => loadConfig({ BOUNCE_DOMAIN: 'not a host' })).toThrow(/BOUNCE_DOMAIN/);
+    expect(() => loadConfig({ INBOUND_SMTP_PORT: '70000' })).toThrow(/INBOUND_SMTP_PORT/);
   });
 
   it('reads WORKER_QUEUES=all as every queue', () => {

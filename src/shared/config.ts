@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { normalizeHostname } from './domains/hostname.js';
 
 // Used only outside production, so that `npm install && npm start` runs with no setup.
 // Start-up logs a warning whenever it is in use.
@@ -115,6 +116,18 @@ const envSchema = z
     TEST_SENDS_PER_HOUR: z.coerce.number().int().min(0).default(20),
     // Where the generated SECRET_KEY of a non-production install is kept (created 0600 on first start).
     SECRET_KEY_FILE: z.string().min(1).default('./data/secret-key'),
+    // Bounces and complaints by mail (docs/outcomes.md): the inbound SMTP listener and the
+    // return-path host of mail from domains an organization does not own (default: the host
+    // of PUBLIC_URL).
+    INBOUND_SMTP_HOST: z.string().min(1).default('127.0.0.1'),
+    INBOUND_SMTP_PORT: z.coerce.number().int().min(0).max(65535).default(2525),
+    INBOUND_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).default(10 * 1024 * 1024),
+    // A message is held in memory until stored: connections x size bounds the memory used.
+    INBOUND_MAX_CONNECTIONS: z.coerce.number().int().positive().default(50),
+    BOUNCE_DOMAIN: z
+      .string()
+      .transform((v, ctx) => normalizeHostname(v) ?? (ctx.addIssue({ code: 'custom', message: 'expected a host name' }), z.NEVER))
+      .optional(),
   })
   .superRefine((env, ctx) => {
     if (env.NODE_ENV === 'production' && !env.SECRET_KEY) {
@@ -177,6 +190,14 @@ export interface Config {
   maxDomainsPerOrganization: number;
   testSendsPerHour: number;
   secretKeyFile: string;
+  /** Bounces and complaints by mail: the inbound SMTP listener and the return-path host. */
+  inbound: {
+    host: string;
+    port: number;
+    maxMessageBytes: number;
+    maxConnections: number;
+    bounceDomain: string;
+  };
 }
 
 export class ConfigError extends Error {
@@ -241,5 +262,12 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     maxDomainsPerOrganization: e.MAX_DOMAINS_PER_ORGANIZATION,
     testSendsPerHour: e.TEST_SENDS_PER_HOUR,
     secretKeyFile: e.SECRET_KEY_FILE,
+    inbound: {
+      host: e.INBOUND_SMTP_HOST,
+      port: e.INBOUND_SMTP_PORT,
+      maxMessageBytes: e.INBOUND_MAX_MESSAGE_BYTES,
+      maxConnections: e.INBOUND_MAX_CONNECTIONS,
+      bounceDomain: e.BOUNCE_DOMAIN ?? new URL(e.PUBLIC_URL).hostname.toLowerCase(),
+    },
   };
 }

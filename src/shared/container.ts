@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { ReturnPaths, returnPathHost } from './bounces/return-path.js';
 import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
@@ -37,6 +38,8 @@ export interface Services {
   render: RenderPool;
   /** RATE_LIMIT_ORG_PER_SECOND per organization, for every interface of this process. */
   orgLimiter: WindowRateLimiter;
+  /** Signs and verifies the per-email return paths (bounces by mail, contract 18a). */
+  returnPaths: ReturnPaths;
   /** Amazon SNS signing certificates fetched for the SES webhook, cached by URL. */
   snsCertificates: SnsCertificates;
 }
@@ -50,6 +53,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   if (!(await settleConnection(redis))) logger.warn('Redis is not reachable yet: requests that need it answer 503 until it is');
   const producer = new QueueProducer(redis, config.redisPrefix);
   const box = new SecretBox(config.secretKey);
+  const returnPaths = new ReturnPaths(config.secretKey);
   return {
     config,
     logger,
@@ -64,9 +68,12 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     mailer: createMailTransport(config.mail, {
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
+      // VERP: bounces come back to a per-email address (docs/outcomes.md).
+      returnPath: (emailId, fromDomain, ownDomain) => returnPaths.address(emailId, returnPathHost(fromDomain, ownDomain, config.inbound.bounceDomain)),
     }),
     render: new RenderPool({ threads: 2, timeoutMs: 30_000 }),
     orgLimiter: organizationRateLimiter({ redis, config }),
+    returnPaths,
     snsCertificates: new SnsCertificates(),
   };
 }

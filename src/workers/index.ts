@@ -1,6 +1,7 @@
 import { campaignEmailsProcessor, campaignsProcessor } from './campaigns.js';
 import { domainsProcessor } from './domains.js';
 import { emailsProcessor } from './emails.js';
+import { inboundProcessor } from './inbound.js';
 import { maintenanceProcessor } from './maintenance.js';
 import type { QueueProcessor } from './runner.js';
 import { subscribersProcessor } from './subscribers.js';
@@ -15,4 +16,5 @@ export const processors: QueueProcessor[] = [
   emailsProcessor as QueueProcessor,
   campaignsProcessor as QueueProcessor,
   campaignEmailsProcessor as QueueProcessor,
+  inboundProcessor as QueueProcessor,
 ];

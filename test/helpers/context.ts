@@ -33,6 +33,8 @@ export async function createTestEnv(overrides: Record<string, string> = {}): Pro
     LOG_LEVEL: 'silent',
     RATE_LIMIT_PER_SECOND: '10000',
     MAIL_OUTBOX_DIR: `/tmp/mailroom-test-${suffix}/outbox`,
+    // A child `npm start` of a test listens for bounces on a port of its own.
+    INBOUND_SMTP_PORT: '0',
     ...overrides,
   };
   const config = loadConfig(env);

@@ -18,6 +18,8 @@ export interface SmtpSink {
   raw: Buffer[];
   /** The envelope recipients (RCPT TO) of each parsed message, in the same order. */
   envelopes: string[][];
+  /** The envelope sender (MAIL FROM) of each parsed message, in the same order. */
+  senders: string[];
   /** Raw count, cheaper than parsing (benchmarks). */
   accepted: number;
   answer?: (recipient: string) => SinkReply | undefined;
@@ -33,6 +35,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
     messages: [],
     raw: [],
     envelopes: [],
+    senders: [],
     accepted: 0,
     close: async () => {},
   };
@@ -70,6 +73,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
           sink.messages.push(mail);
           sink.raw.push(raw);
           sink.envelopes.push(session.envelope.rcptTo.map((a) => a.address));
+          sink.senders.push(session.envelope.mailFrom ? session.envelope.mailFrom.address : '');
           sink.accepted++;
           const text = sink.queued?.();
           if (text) callback(null, text);

@@ -71,6 +71,11 @@ export interface MailTransportOptions {
   dkim?: DkimResolver;
   /** SMTP connections kept open by this process. */
   maxConnections?: number;
+  /**
+   * The envelope sender (VERP return path, src/shared/bounces) of an email sent from
+   * `fromDomain`; `ownDomain` when the organization has that domain (it has a DKIM key).
+   */
+  returnPath?: (emailId: string, fromDomain: string, ownDomain: boolean) => string;
 }
 
 const CONNECT_TIMEOUT_MS = 10_000;
@@ -118,7 +123,11 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       async send(message) {
         ready ??= mkdir(config.outboxDir, { recursive: true });
         await ready;
-        const info = await transporter.sendMail(await withDkim(message));
+        const mail = await withDkim(message);
+        // The file is the final destination: it carries the Return-Path a mailbox would add.
+        const returnPath = options.returnPath?.(message.id, message.fromDomain, mail.dkim !== undefined);
+        if (returnPath) mail.headers = { 'Return-Path': `<${returnPath}>`, ...(mail.headers as Record<string, string> | undefined) };
+        const info = await transporter.sendMail(mail);
         const file = join(config.outboxDir, `${message.id}.eml`);
         // Write then rename, so a reader never sees half a message.
         await writeFile(`${file}.tmp`, info.message as Buffer);
@@ -171,8 +180,11 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
         raw = await signer.sign(raw, key as DKIM.SingleKeyOptions);
         signOnStream = undefined;
       }
-      if (message.skipRecipients && message.skipRecipients.length > 0) {
-        const envelope = withoutSkipped(node.getEnvelope(), message.skipRecipients);
+      const returnPath = options.returnPath?.(message.id, message.fromDomain, key !== undefined);
+      const skip = message.skipRecipients && message.skipRecipients.length > 0 ? message.skipRecipients : undefined;
+      if (returnPath || skip) {
+        const computed = node.getEnvelope();
+        const envelope = { ...(skip ? withoutSkipped(computed, skip) : computed), ...(returnPath ? { from: returnPath } : {}) };
         node.getEnvelope = () => envelope;
       }
       const hook = message.beforeCommit;

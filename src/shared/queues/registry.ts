@@ -50,6 +50,13 @@ export const queueRegistry = {
     // Scheduled: re-enqueue the jobs of SCHEDULED/SENDING campaigns that Redis lost.
     reconcile: z.object({}),
   },
+  // Bounces and complaints received by the inbound SMTP listener (src/shared/bounces).
+  inbound: {
+    // jobId = the first report id: reads the reports of one stored batch and applies them.
+    process: z.object({ reportIds: z.array(z.string()).min(1).max(1000) }),
+    // Scheduled: re-enqueue reports whose job Redis lost; purge old read reports.
+    reconcile: z.object({}),
+  },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;

@@ -1,0 +1,117 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { monotonicFactory } from 'ulid';
+import { TO_ADDRESS_SQL } from '../outcomes/send-gate.js';
+
+/**
+ * Data access of the inbound reports (table `inbound_reports`): the listener stores what it
+ * received, the worker reads it and records what it meant. Every statement of the feature
+ * is here.
+ */
+
+const ulid = monotonicFactory();
+
+/** `rpt_` + a lower-case ULID: sortable by arrival, and usable as a BullMQ job id. */
+export function newReportId(): string {
+  return `rpt_${ulid().toLowerCase()}`;
+}
+
+export interface NewReport {
+  id: string;
+  emailId: string;
+  mailFrom: string;
+  rcptTo: string;
+  raw: Buffer;
+}
+
+/** One statement for every recipient of one SMTP transaction. */
+export async function insertReports(em: EntityManager, reports: NewReport[], receivedAt: Date): Promise<void> {
+  if (reports.length === 0) return;
+  const values = reports.map(() => '(?, ?, ?, ?, ?, ?, ?)').join(', ');
+  const params = reports.flatMap((r) => [r.id, r.emailId, r.mailFrom, r.rcptTo, r.raw.length, r.raw, receivedAt]);
+  await em.execute(`insert into inbound_reports (id, email_id, mail_from, rcpt_to, size, raw, received_at) values ${values}`, params, 'run');
+}
+
+export interface StoredReport {
+  id: string;
+  email_id: string;
+  mail_from: string;
+  rcpt_to: string;
+  raw: Buffer;
+}
+
+/** The reports among `ids` still to be read. */
+export async function pendingReports(em: EntityManager, ids: string[]): Promise<StoredReport[]> {
+  return em.execute<StoredReport[]>(
+    `select id, email_id, mail_from, rcpt_to, raw from inbound_reports where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'received' order by id`,
+    [JSON.stringify(ids)],
+    'all',
+  );
+}
+
+/**
+ * Locks the reports among `ids` still unread, in the caller's transaction; returns them. A
+ * concurrent run waits for the locks, then finds them read: one report has one effect.
+ */
+export async function claimReports(em: EntityManager, ids: string[]): Promise<Set<string>> {
+  const rows = await em.execute<{ id: string }[]>(
+    `select id from inbound_reports where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'received' order by id for update`,
+    [JSON.stringify(ids)],
+    'all',
+  );
+  return new Set(rows.map((r) => r.id));
+}
+
+/** Records what each report meant, in one statement (after `claimReports`, in the same transaction). */
+export async function finishReports(em: EntityManager, reports: { id: string; outcome: { status: 'applied' | 'ignored' } }[], at: Date): Promise<void> {
+  if (reports.length === 0) return;
+  await em.execute(
+    `update inbound_reports r set status = f.outcome ->> 'status', outcome = f.outcome, processed_at = ?
+     from jsonb_to_recordset(?::jsonb) as f(id text, outcome jsonb)
+     where r.id = f.id and r.status = 'received'`,
+    [at, JSON.stringify(reports)],
+    'run',
+  );
+}
+
+export interface ReportEmail {
+  id: string;
+  organization_id: string;
+  message_id: string | null;
+  from_address: string;
+  /** Bare, lower-cased `to`. */
+  address: string;
+  has_copies: boolean;
+}
+
+const EMAIL_COLUMNS = `e.id, e.organization_id, e.message_id, e.from_address, ${TO_ADDRESS_SQL} as address,
+  (coalesce(jsonb_array_length(e.cc), 0) + coalesce(jsonb_array_length(e.bcc), 0)) > 0 as has_copies`;
+
+export async function emailsById(em: EntityManager, ids: string[]): Promise<Map<string, ReportEmail>> {
+  const rows = await em.execute<ReportEmail[]>(`select ${EMAIL_COLUMNS} from emails e where e.id in (select jsonb_array_elements_text(?::jsonb))`, [JSON.stringify(ids)], 'all');
+  return new Map(rows.map((r) => [r.id, r]));
+}
+
+export async function emailByMessageId(em: EntityManager, messageId: string): Promise<ReportEmail | undefined> {
+  const [row] = await em.execute<ReportEmail[]>(`select ${EMAIL_COLUMNS} from emails e where e.message_id = ? limit 1`, [messageId], 'all');
+  return row;
+}
+
+/** Reports stored longer ago than `before` and still unread: their job was lost (Redis). */
+export async function unreadReportIds(em: EntityManager, before: Date, limit: number): Promise<string[]> {
+  const rows = await em.execute<{ id: string }[]>(
+    `select id from inbound_reports where status = 'received' and received_at < ? order by received_at limit ?`,
+    [before, limit],
+    'all',
+  );
+  return rows.map((r) => r.id);
+}
+
+/** Deletes read reports older than `before`, at most `limit` of them; returns how many. */
+export async function purgeReports(em: EntityManager, before: Date, limit: number): Promise<number> {
+  const rows = await em.execute<{ id: string }[]>(
+    `delete from inbound_reports where id in (select id from inbound_reports where status <> 'received' and processed_at < ? limit ?) returning id`,
+    [before, limit],
+    'all',
+  );
+  return rows.length;
+}

@@ -1,0 +1,139 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { parseFieldBlocks } from '../src/shared/bounces/fields.js';
+import { readReport } from '../src/shared/bounces/report.js';
+import { ReturnPaths, returnPathHost } from '../src/shared/bounces/return-path.js';
+import { verdictOf } from '../src/shared/bounces/verdict.js';
+import { newId } from '../src/shared/ids.js';
+
+const SECRET = 'test-secret-key-test-secret-key-0123456789';
+const paths = new ReturnPaths(SECRET);
+
+const SENT = {
+  returnPath: 'b+01jexampleexampleexample0aaaaaaaaaaaaaaaaaa@bounces.acme.test',
+  to: 'jane@example.com',
+  from: 'Acme <news@acme.test>',
+  messageId: 'eml_01jexampleexampleexample0@acme.test',
+};
+
+function fixture(name: string): Buffer {
+  const text = readFileSync(new URL(`./fixtures/bounces/${name}.eml`, import.meta.url), 'utf8')
+    .replaceAll('{{RETURN_PATH}}', SENT.returnPath)
+    .replaceAll('{{RECIPIENT}}', SENT.to)
+    .replaceAll('{{MESSAGE_ID}}', SENT.messageId)
+    .replaceAll('{{FROM}}', SENT.from)
+    .replaceAll('{{FROM_DOMAIN}}', 'acme.test')
+    .replaceAll('{{SUBJECT}}', 'Hello')
+    .replace(/\r?\n/g, '\r\n');
+  return Buffer.from(text);
+}
+
+const ONLY_TO = { to: SENT.to, hasCopies: false };
+
+describe('return-path tokens', () => {
+  it('round-trips an email id, case-insensitively, within the 64-character local part', () => {
+    const id = newId('eml');
+    const address = paths.address(id, returnPathHost('Acme.Test', true, 'bounce.example'));
+    expect(address).toMatch(/^b\+[0-9a-z]{42}@bounces\.acme\.test$/);
+    expect(address.split('@')[0]!.length).toBeLessThanOrEqual(64);
+    expect(paths.verify(address)).toEqual({ emailId: id, host: 'bounces.acme.test' });
+    expect(paths.verify(address.toUpperCase())?.emailId).toBe(id);
+    expect(returnPathHost('acme.test', false, 'bounce.example')).toBe('bounce.example');
+  });
+
+  it('refuses altered, foreign-key, truncated and unrelated addresses', () => {
+    const id = newId('eml');
+    const address = paths.address(id, 'bounces.acme.test');
+    const local = address.split('@')[0]!;
+    for (let i = 2; i < local.length; i++) {
+      const c = local[i] === 'a' ? 'b' : 'a';
+      expect(paths.verify(`${local.slice(0, i)}${c}${local.slice(i + 1)}@bounces.acme.test`)).toBeNull();
+    }
+    expect(new ReturnPaths(`${SECRET}-other`).verify(address)).toBeNull();
+    expect(paths.verify(`${local.slice(0, -1)}@bounces.acme.test`)).toBeNull();
+    expect(paths.verify(`${local}x@bounces.acme.test`)).toBeNull();
+    for (const bad of ['postmaster@bounces.acme.test', '', '@', `${local}@`, `a@b@${address}`, 'b+@x']) expect(paths.verify(bad)).toBeNull();
+  });
+});
+
+describe('reading reports', () => {
+  it('reads a Postfix DSN: failed 5.1.1 for the recipient, the original Message-ID', async () => {
+    const report = await readReport(fixture('postfix-dsn'), '');
+    expect(report.content).toEqual({
+      kind: 'dsn',
+      recipients: [
+        {
+          action: 'failed',
+          status: '5.1.1',
+          finalRecipient: SENT.to,
+          originalRecipient: SENT.to,
+          diagnostic: `550 5.1.1 <${SENT.to}>: Recipient address rejected: User unknown in virtual mailbox table`,
+        },
+      ],
+    });
+    expect(report.originalMessageId).toBe(SENT.messageId);
+    expect(report.loop).toBe(false);
+    expect(verdictOf(report, ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard' });
+  });
+
+  it('reads an Exim DSN (5.0.0 with the remote 5.1.1 kept) and its delay warning', async () => {
+    const failed = await readReport(fixture('exim-dsn'), '');
+    expect(failed.originalMessageId).toBe(SENT.messageId);
+    expect(verdictOf(failed, ONLY_TO)).toEqual({ type: 'bounced', bounceType: 'hard', diagnostic: '5.0.0 550 5.1.1 No such user here' });
+    const delayed = await readReport(fixture('exim-delayed'), '');
+    expect(verdictOf(delayed, ONLY_TO)).toEqual({ type: 'delayed', diagnostic: '451 4.7.1 Greylisted, please try again later' });
+  });
+
+  it('reads a 4.x.x failure as a soft bounce, and delivered/relayed actions as nothing', async () => {
+    const soft = fixture('postfix-dsn').toString().replace('Status: 5.1.1', 'Status: 4.2.2').replace(/550 5\.1\.1/g, '452 4.2.2');
+    expect(verdictOf(await readReport(Buffer.from(soft), ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'soft' });
+    const relayed = fixture('postfix-dsn').toString().replace('Action: failed', 'Action: relayed');
+    expect(verdictOf(await readReport(Buffer.from(relayed), ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
+  });
+
+  it('applies a DSN to the email’s `to` only: a report naming only a copy recipient is ignored', async () => {
+    const aboutCopy = fixture('postfix-dsn').toString().replaceAll(SENT.to, 'copy@example.com');
+    const report = await readReport(Buffer.from(aboutCopy), '');
+    expect(verdictOf(report, { to: SENT.to, hasCopies: true })).toMatchObject({ type: 'ignored' });
+    // Without copies the only recipient is the `to`, whatever address the remote names (forwarding).
+    expect(verdictOf(report, ONLY_TO)).toMatchObject({ type: 'bounced' });
+  });
+
+  it('reads Yahoo and Microsoft ARF reports as complaints; other feedback types as nothing', async () => {
+    for (const name of ['yahoo-arf', 'microsoft-arf']) {
+      const report = await readReport(fixture(name), 'feedback@reports.example');
+      expect(report.content).toMatchObject({ kind: 'arf', feedbackType: 'abuse' });
+      expect(report.originalMessageId).toBe(SENT.messageId);
+      expect(verdictOf(report, ONLY_TO)).toMatchObject({ type: 'complained' });
+    }
+    const notSpam = fixture('yahoo-arf').toString().replace('Feedback-Type: abuse', 'Feedback-Type: not-spam');
+    expect(verdictOf(await readReport(Buffer.from(notSpam), ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
+  });
+
+  it('reads a Gmail-style unstructured bounce; an auto-reply that is not from a mailer-daemon is ignored', async () => {
+    const report = await readReport(fixture('gmail-unstructured'), '');
+    expect(report.content).toMatchObject({ kind: 'unstructured', fromDaemon: true, status: '5.1.1' });
+    expect(verdictOf(report, ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: expect.stringContaining('550 5.1.1') });
+    const reply = Buffer.from(`From: Jane <jane@example.com>\r\nTo: ${SENT.returnPath}\r\nSubject: Out of office\r\n\r\nI am away until Monday; 550 reasons.\r\n`);
+    expect(verdictOf(await readReport(reply, 'jane@example.com'), ONLY_TO)).toMatchObject({ type: 'ignored' });
+    const bare550 = Buffer.from(`From: Mail Delivery System <MAILER-DAEMON@mx.example>\r\nSubject: failure\r\n\r\nremote said: 550 no such user\r\n`);
+    expect(verdictOf(await readReport(bare550, ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: 'remote said: 550 no such user' });
+  });
+
+  it('reads field blocks in linear time, whatever the input', () => {
+    const hostile = [':'.repeat(2_000_000), ' a'.repeat(1_000_000), `${'x:'.repeat(500_000)}\n`.repeat(2), '\n \t\n'.repeat(200_000)].join('\n');
+    const started = performance.now();
+    const blocks = parseFieldBlocks(hostile);
+    expect(performance.now() - started).toBeLessThan(2_000);
+    expect(blocks.length).toBeLessThanOrEqual(100);
+  });
+
+  it('scans a worst-case unstructured bounce of the maximum text size quickly', async () => {
+    const text = `${'5.5.5.5.5.4.4'.repeat(6_000)} 12345550`.slice(0, 80_000);
+    const raw = Buffer.from(`From: MAILER-DAEMON@mx.example\r\nSubject: x\r\n\r\n${text}\r\n`);
+    const started = performance.now();
+    const report = await readReport(raw, '');
+    expect(performance.now() - started).toBeLessThan(2_000);
+    expect(report.content.kind).toBe('unstructured');
+  });
+});

@@ -1,0 +1,336 @@
+import { readFileSync } from 'node:fs';
+import nodemailer from 'nodemailer';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startInbound, type InboundServer } from '../src/inbound/server.js';
+import { createRedis } from '../src/shared/redis.js';
+import { emailSendProcessor } from '../src/workers/emails.js';
+import { inboundProcessor } from '../src/workers/inbound.js';
+import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+
+// Bounces and complaints by mail (contract 18a): emails relayed through a real SMTP sink,
+// then reports written the way real MTAs write them (test/fixtures/bounces/) delivered over
+// real SMTP, with nodemailer's client, to the inbound listener.
+
+const BOUNCE_DOMAIN = 'bounces.mailroom.test';
+
+let sink: SmtpSink;
+let ctx: TestContext;
+let inbound: InboundServer;
+let workers: RunningWorkers | undefined;
+let connection: { disconnect(): void } | undefined;
+let acme: { organizationId: string; token: string };
+let other: { organizationId: string; token: string };
+
+beforeAll(async () => {
+  sink = await startSmtpSink();
+  ctx = await createTestContext({ MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, BOUNCE_DOMAIN, INBOUND_MAX_MESSAGE_BYTES: String(2 * 1024 * 1024) });
+  acme = await createOrg(ctx.services, { name: 'Acme' });
+  other = await createOrg(ctx.services, { name: 'Other' });
+  // acme.test is a domain of Acme: its mail returns to bounces.acme.test. Other sends from a
+  // domain it does not own: its mail returns to BOUNCE_DOMAIN.
+  const domain = await ctx.app.inject({ method: 'POST', url: '/api/v2/domains', headers: bearer(acme.token), payload: { domain: 'acme.test' } });
+  expect(domain.statusCode).toBeLessThan(300);
+  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
+  connection = redis;
+  workers = await startWorkers(ctx.services, redis, [emailSendProcessor('emails', { reconcileGraceMs: 0 }), inboundProcessor]);
+  inbound = await startInbound(ctx.services, { port: 0 });
+});
+afterAll(async () => {
+  await inbound?.close();
+  await workers?.close();
+  connection?.disconnect();
+  await ctx?.close();
+  await sink?.close();
+});
+
+const sql = <T = Record<string, unknown>>(query: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute<T[]>(query, params, 'all');
+
+async function until<T>(probe: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
+  const started = Date.now();
+  for (;;) {
+    const value = await probe();
+    if (ok(value)) return value;
+    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+async function getEmail(id: string, token = acme.token) {
+  const response = await ctx.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(token) });
+  expect(response.statusCode).toBe(200);
+  return response.json() as { id: string; last_event: string; message_id?: string };
+}
+
+interface Sent {
+  id: string;
+  to: string;
+  from: string;
+  messageId: string;
+  /** The envelope sender the relay saw. */
+  returnPath: string;
+}
+
+/** Sends an email through the API and waits until the sink has it; returns its return path. */
+async function send(to: string, org = acme, from = 'Acme News <news@acme.test>'): Promise<Sent> {
+  const response = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails', headers: bearer(org.token), payload: { from, to, subject: 'Hello', html: '<p>Hi</p>' } });
+  expect(response.statusCode).toBe(200);
+  const id = response.json().id as string;
+  const messageId = `${id}@${from.slice(from.indexOf('@') + 1).replace('>', '')}`;
+  const index = await until(
+    async () => sink.messages.findIndex((m) => m.messageId === `<${messageId}>`),
+    (i) => i >= 0,
+  );
+  await until(() => getEmail(id, org.token), (e) => e.last_event === 'sent');
+  return { id, to, from, messageId, returnPath: sink.senders[index]! };
+}
+
+function fixture(name: string, sent: Pick<Sent, 'to' | 'from' | 'messageId' | 'returnPath'>): string {
+  const fromDomain = sent.from.slice(sent.from.indexOf('@') + 1).replace('>', '');
+  return readFileSync(new URL(`./fixtures/bounces/${name}.eml`, import.meta.url), 'utf8')
+    .replaceAll('{{RETURN_PATH}}', sent.returnPath)
+    .replaceAll('{{RECIPIENT}}', sent.to)
+    .replaceAll('{{MESSAGE_ID}}', sent.messageId)
+    .replaceAll('{{FROM}}', sent.from)
+    .replaceAll('{{FROM_DOMAIN}}', fromDomain)
+    .replaceAll('{{SUBJECT}}', 'Hello')
+    .replace(/\r?\n/g, '\r\n');
+}
+
+/** Delivers a report to the listener with nodemailer's SMTP client; envelope sender `<>` by default. */
+async function deliver(raw: string | Buffer, to: string, from = '') {
+  const client = nodemailer.createTransport({ host: '127.0.0.1', port: inbound.port, secure: false, ignoreTLS: true, connectionTimeout: 5_000 });
+  try {
+    return await client.sendMail({ envelope: { from, to: [to] }, raw });
+  } finally {
+    client.close();
+  }
+}
+
+async function reportsOf(rcpt: string) {
+  return sql<{ status: string; outcome: { verdict: { type: string; reason?: string; bounceType?: string }; event?: string; changed?: boolean } | null }>(
+    `select status, outcome from inbound_reports where rcpt_to = ? order by id`,
+    [rcpt],
+  );
+}
+
+/** Waits until every report sent to `rcpt` is read; returns them. */
+async function readReports(rcpt: string, count = 1) {
+  return until(() => reportsOf(rcpt), (rows) => rows.length >= count && rows.every((r) => r.status !== 'received'));
+}
+
+async function suppressed(organizationId: string, address: string) {
+  const rows = await sql(`select reason from suppressions where organization_id = ? and address = ?`, [organizationId, address]);
+  return rows.length > 0;
+}
+
+describe('the return path (VERP)', () => {
+  it('is a signed per-email address on the domain’s return-path host, or on BOUNCE_DOMAIN', async () => {
+    const own = await send('verp-own@example.com');
+    const unowned = await send('verp-unowned@example.com', other, 'Other <hello@other.test>');
+    expect(own.returnPath).toMatch(/^b\+[0-9a-z]{42}@bounces\.acme\.test$/);
+    expect(unowned.returnPath).toMatch(new RegExp(`^b\\+[0-9a-z]{42}@${BOUNCE_DOMAIN.replaceAll('.', '\\.')}$`));
+    expect(own.returnPath.split('@')[0]!.length).toBeLessThanOrEqual(64);
+    // Per email: two emails never share one.
+    const again = await send('verp-own2@example.com');
+    expect(again.returnPath).not.toBe(own.returnPath);
+    expect(ctx.services.returnPaths.verify(own.returnPath)?.emailId).toBe(own.id);
+  });
+});
+
+describe('bounces by mail', () => {
+  it('a Postfix DSN makes the email bounced, and the next send to the address fails without reaching the relay', async () => {
+    const sent = await send('gone@example.com');
+    await deliver(fixture('postfix-dsn', sent), sent.returnPath);
+    const [report] = await readReports(sent.returnPath);
+    expect(report!.outcome).toMatchObject({ verdict: { type: 'bounced', bounceType: 'hard' }, event: 'email.bounced', changed: true });
+    expect((await getEmail(sent.id)).last_event).toBe('bounced');
+    expect(await suppressed(acme.organizationId, 'gone@example.com')).toBe(true);
+    const [history] = await sql<{ hard_bounced_at: Date | null; mailbox_not_found_at: Date | null }>(
+      `select hard_bounced_at, mailbox_not_found_at from verification_history where email = ?`,
+      ['gone@example.com'],
+    );
+    expect(history?.hard_bounced_at).toBeTruthy();
+
+    const before = sink.accepted;
+    const response = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails', headers: bearer(acme.token), payload: { from: 'news@acme.test', to: 'gone@example.com', subject: 'Again', html: '<p>x</p>' } });
+    expect(response.statusCode).toBe(200);
+    const next = await until(() => getEmail(response.json().id), (e) => e.last_event === 'failed');
+    expect(next.last_event).toBe('failed');
+    // Sent after the suppressed one: when it has arrived, the suppressed one would have too.
+    await send('still-live@example.com');
+    expect(sink.messages.some((m) => m.subject === 'Again')).toBe(false);
+    expect(sink.accepted).toBe(before + 1);
+  });
+
+  it('an Exim DSN is a hard bounce, its delay warning a delivery_delayed with no bounce', async () => {
+    const sent = await send('exim-user@example.com');
+    await deliver(fixture('exim-delayed', sent), sent.returnPath);
+    const [delayed] = await readReports(sent.returnPath);
+    expect(delayed!.outcome).toMatchObject({ status: 'applied', verdict: { type: 'delayed' }, event: 'email.delivery_delayed' });
+    expect((await getEmail(sent.id)).last_event).toBe('sent');
+    expect(await suppressed(acme.organizationId, 'exim-user@example.com')).toBe(false);
+    const delays = await sql(`select details from email_events where email_id = ? and type = 'delivery_delayed'`, [sent.id]);
+    expect(delays).toHaveLength(1);
+
+    await deliver(fixture('exim-dsn', sent), sent.returnPath);
+    const rows = await readReports(sent.returnPath, 2);
+    expect(rows[1]!.outcome).toMatchObject({ verdict: { type: 'bounced', bounceType: 'hard' } });
+    expect((await getEmail(sent.id)).last_event).toBe('bounced');
+    expect(await suppressed(acme.organizationId, 'exim-user@example.com')).toBe(true);
+  });
+
+  it('a Gmail-style unstructured bounce with 550 5.1.1 is hard; one without a 5.x.x status is soft', async () => {
+    const hard = await send('nobody@gmail-example.com');
+    await deliver(fixture('gmail-unstructured', hard), hard.returnPath);
+    const [report] = await readReports(hard.returnPath);
+    expect(report!.outcome).toMatchObject({ verdict: { type: 'bounced', bounceType: 'hard' } });
+    expect(await suppressed(acme.organizationId, 'nobody@gmail-example.com')).toBe(true);
+
+    const soft = await send('full@gmail-example.com');
+    const text = fixture('gmail-unstructured', soft)
+      .replace(/550 5\.1\.1 The email account that you tried to reach does not exist\./g, '452 4.2.2 The recipient\'s inbox is out of storage space.')
+      .replace(/\*\* Address not found \*\*/, '** Message not delivered **');
+    expect(text).not.toMatch(/\b5\.\d\.\d\b|\b550\b/);
+    await deliver(text, soft.returnPath);
+    const [softReport] = await readReports(soft.returnPath);
+    expect(softReport!.outcome).toMatchObject({ verdict: { type: 'bounced', bounceType: 'soft' } });
+    expect((await getEmail(soft.id)).last_event).toBe('bounced');
+    expect(await suppressed(acme.organizationId, 'full@gmail-example.com')).toBe(false);
+  });
+
+  it('the same report twice has one effect', async () => {
+    const sent = await send('twice@example.com');
+    const raw = fixture('postfix-dsn', sent);
+    await deliver(raw, sent.returnPath);
+    await deliver(raw, sent.returnPath);
+    const rows = await readReports(sent.returnPath, 2);
+    expect(rows.map((r) => r.outcome?.changed).sort()).toEqual([false, true]);
+    const [events] = await sql<{ n: number }>(`select count(*)::int as n from email_events where email_id = ?`, [sent.id]);
+    expect(events!.n).toBe(1);
+    const [suppressions] = await sql<{ n: number }>(`select count(*)::int as n from suppressions where address = ?`, ['twice@example.com']);
+    expect(suppressions!.n).toBe(1);
+  });
+});
+
+describe('complaints by mail (ARF)', () => {
+  for (const [name, address] of [
+    ['yahoo-arf', 'reader@yahoo-example.com'],
+    ['microsoft-arf', 'reader@hotmail-example.com'],
+  ] as const) {
+    it(`a ${name.split('-')[0]} feedback report makes the email complained and the subscriber COMPLAINED`, async () => {
+      const created = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(acme.token), payload: { email: address } });
+      expect(created.statusCode).toBeLessThan(300);
+      const sent = await send(address);
+      await deliver(fixture(name, sent), sent.returnPath, 'feedback@reports.example');
+      const [report] = await readReports(sent.returnPath);
+      expect(report!.outcome).toMatchObject({ verdict: { type: 'complained' }, event: 'email.complained' });
+      expect((await getEmail(sent.id)).last_event).toBe('complained');
+      expect(await suppressed(acme.organizationId, address)).toBe(true);
+      const [subscriber] = await sql<{ status: string }>(`select status from subscribers where organization_id = ? and email = ?`, [acme.organizationId, address]);
+      expect(subscriber!.status).toBe('COMPLAINED');
+    });
+  }
+});
+
+describe('bad input is refused or ignored without effect, and the listener keeps serving', () => {
+  async function refused(promise: Promise<unknown>): Promise<number | undefined> {
+    try {
+      await promise;
+    } catch (error) {
+      return (error as { responseCode?: number }).responseCode;
+    }
+    throw new Error('the listener accepted it');
+  }
+  const storedCount = async () => (await sql<{ n: number }>(`select count(*)::int as n from inbound_reports`))[0]!.n;
+
+  it('refuses at RCPT an address that is not a return path, and a forged token (550)', async () => {
+    const sent = await send('forged@example.com');
+    const before = await storedCount();
+    expect(await refused(deliver(fixture('postfix-dsn', sent), 'postmaster@bounces.acme.test'))).toBe(550);
+    // The right shape, the MAC of another key.
+    const local = sent.returnPath.split('@')[0]!;
+    const forged = `${local.slice(0, -16)}${local.slice(-16).split('').reverse().join('')}@bounces.acme.test`;
+    expect(await refused(deliver(fixture('postfix-dsn', sent), forged))).toBe(550);
+    // Another email's id with this email's MAC.
+    const swapped = `b+${(await send('forged2@example.com')).returnPath.slice(2, 28)}${local.slice(-16)}@bounces.acme.test`;
+    expect(await refused(deliver(fixture('postfix-dsn', sent), swapped))).toBe(550);
+    expect(await storedCount()).toBe(before);
+    expect((await getEmail(sent.id)).last_event).toBe('sent');
+  });
+
+  it('refuses a 20 MB report (552) and stores nothing', async () => {
+    const sent = await send('huge@example.com');
+    const before = await storedCount();
+    const raw = Buffer.concat([Buffer.from(fixture('postfix-dsn', sent).replace(/--7D1C21A0B3[^\r]*--\r\n$/, '')), Buffer.alloc(20 * 1024 * 1024, 'A')]);
+    expect(await refused(deliver(raw, sent.returnPath))).toBe(552);
+    expect(await storedCount()).toBe(before);
+    expect((await getEmail(sent.id)).last_event).toBe('sent');
+  });
+
+  it('ignores a malformed MIME report', async () => {
+    const sent = await send('malformed@example.com');
+    const raw = [
+      `From: MAILER-DAEMON@mx1.relay-example.net`,
+      `To: ${sent.returnPath}`,
+      `Subject: Undelivered Mail Returned to Sender`,
+      `Content-Type: multipart/report; report-type=delivery-status; boundary="never-closed"`,
+      '',
+      '--never-closed',
+      'Content-Type: message/delivery-status',
+      'Content-Transfer-Encoding: base64',
+      '',
+      '%%%% not base64, no fields %%%%',
+      '--never-closed',
+      'Content-Type: text/rfc822-headers',
+      '',
+      `Message-ID: <${sent.messageId}>`,
+    ].join('\r\n');
+    await deliver(raw, sent.returnPath, 'mailer-daemon@mx1.relay-example.net');
+    const [report] = await readReports(sent.returnPath);
+    expect(report!.status).toBe('ignored');
+    expect((await getEmail(sent.id)).last_event).toBe('sent');
+    expect(await suppressed(acme.organizationId, 'malformed@example.com')).toBe(false);
+  });
+
+  it('ignores a report about another organization’s email', async () => {
+    const victim = await send('victim@example.com', other, 'Other <hello@other.test>');
+    const attacker = await send('attacker@example.com');
+    // Acme's own return path, Other's Message-ID and recipient in the returned headers.
+    await deliver(fixture('postfix-dsn', { ...victim, returnPath: attacker.returnPath }), attacker.returnPath);
+    // Other's return path at Acme's return-path host.
+    const moved = `${victim.returnPath.split('@')[0]}@bounces.acme.test`;
+    await deliver(fixture('postfix-dsn', { ...victim, returnPath: moved }), moved);
+    const [first] = await readReports(attacker.returnPath);
+    const [second] = await readReports(moved);
+    expect(first!.status).toBe('ignored');
+    expect(second!.status).toBe('ignored');
+    expect((await getEmail(victim.id, other.token)).last_event).toBe('sent');
+    expect((await getEmail(attacker.id)).last_event).toBe('sent');
+    expect(await suppressed(other.organizationId, 'victim@example.com')).toBe(false);
+    expect(await suppressed(acme.organizationId, 'victim@example.com')).toBe(false);
+  });
+
+  it('ignores a bounce of a bounce (a DSN whose returned message is itself a DSN)', async () => {
+    const sent = await send('loop@example.com');
+    const inner = fixture('postfix-dsn', sent);
+    const loop = fixture('exim-dsn', sent).replace(
+      /Content-type: message\/rfc822\r\n\r\n[\s\S]*?\r\n--1795500801-eximdsn-1325785123--/,
+      `Content-type: message/rfc822\r\n\r\nReturn-Path: <>\r\n${inner}\r\n--1795500801-eximdsn-1325785123--`,
+    );
+    expect(loop).toContain('Undelivered Mail Returned to Sender');
+    await deliver(loop, sent.returnPath);
+    const [report] = await readReports(sent.returnPath);
+    expect(report!.outcome).toMatchObject({ status: 'ignored', verdict: { type: 'ignored' } });
+    expect((await getEmail(sent.id)).last_event).toBe('sent');
+    expect(await suppressed(acme.organizationId, 'loop@example.com')).toBe(false);
+  });
+
+  it('still serves after all of that', async () => {
+    const sent = await send('after@example.com');
+    await deliver(fixture('postfix-dsn', sent), sent.returnPath);
+    await readReports(sent.returnPath);
+    expect((await getEmail(sent.id)).last_event).toBe('bounced');
+  });
+});
