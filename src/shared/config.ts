@@ -81,6 +81,8 @@ const envSchema = z
     ADMIN_PASSWORD: z.string().min(1).optional(),
     ALLOW_UNVERIFIED_DOMAINS: booleanish.optional(),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    // Webhooks (contract 17): allow endpoint URLs whose host is loopback/private/link-local.
+    WEBHOOK_ALLOW_PRIVATE_URLS: booleanish.optional(),
   })
   .superRefine((env, ctx) => {
     if (env.NODE_ENV === 'production' && !env.SECRET_KEY) {
@@ -123,6 +125,8 @@ export interface Config {
   adminPassword?: string;
   allowUnverifiedDomains: boolean;
   logLevel: string;
+  /** Webhooks: endpoint URLs may resolve to private addresses (default: outside production). */
+  webhookAllowPrivateUrls: boolean;
 }
 
 export class ConfigError extends Error {
@@ -172,5 +176,6 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     adminPassword: e.ADMIN_PASSWORD,
     allowUnverifiedDomains: e.ALLOW_UNVERIFIED_DOMAINS ?? e.NODE_ENV !== 'production',
     logLevel: e.LOG_LEVEL,
+    webhookAllowPrivateUrls: e.WEBHOOK_ALLOW_PRIVATE_URLS ?? e.NODE_ENV !== 'production',
   };
 }

@@ -4,6 +4,7 @@ import { emailsProcessor } from './emails.js';
 import { maintenanceProcessor } from './maintenance.js';
 import type { QueueProcessor } from './runner.js';
 import { subscribersProcessor } from './subscribers.js';
+import { webhooksProcessor } from './webhooks.js';
 import { workflowsProcessor } from './workflows.js';
 
 /** Every queue consumer of the service; each feature appends its own. */
@@ -15,4 +16,5 @@ export const processors: QueueProcessor[] = [
   emailsProcessor as QueueProcessor,
   campaignsProcessor as QueueProcessor,
   campaignEmailsProcessor as QueueProcessor,
+  webhooksProcessor as QueueProcessor,
 ];

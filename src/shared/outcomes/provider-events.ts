@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound } from '../verification/index.js';
+import { recordEmailEvents } from '../webhooks/outbox.js';
 import { TO_ADDRESS_SQL } from './send-gate.js';
 
 /** Contract 11: the body of `POST /webhooks/provider`. */
@@ -65,6 +66,8 @@ export async function applyProviderEvent(
       [email.id, email.organization_id, event.type, deps.now, JSON.stringify(details)],
       'all',
     );
+    const hook = { emailId: email.id, extra: bounceType ? { bounce: { type: bounceType, diagnostic: event.diagnostic ?? null } } : undefined };
+    if (inserted.length > 0) await recordEmailEvents(tx, `email.${event.type}`, [hook]);
     const updated = await tx.execute<{ id: string }[]>(
       `update emails set delivery_status = ?, updated_at = now() where id = ? and ${RANK_SQL('delivery_status')} < ${RANK_SQL('?::text')} returning id`,
       [event.type, email.id, event.type],

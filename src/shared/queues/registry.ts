@@ -50,6 +50,14 @@ export const queueRegistry = {
     // Scheduled: re-enqueue the jobs of SCHEDULED/SENDING campaigns that Redis lost.
     reconcile: z.object({}),
   },
+  webhooks: {
+    // Delivers the due messages of one endpoint (jobId = deliver-<endpoint id>): one job per
+    // endpoint, so a slow endpoint holds only its own slot.
+    deliver: z.object({ endpointId: z.string() }),
+    // Every second (job scheduler): the dispatcher and reconciler of the outbox; enqueues
+    // `deliver` for every endpoint with a due, unclaimed message.
+    dispatch: z.object({}),
+  },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;
