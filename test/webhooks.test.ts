@@ -156,6 +156,30 @@ describe('webhook endpoints API', () => {
   });
 });
 
+describe('OpenAPI and tools', () => {
+  it('documents the endpoints in the OpenAPI document and serves them as tools', async () => {
+    const doc = (await ctx.app.inject({ url: '/api/v2/openapi.json' })).json();
+    for (const path of ['/api/v2/webhooks', '/api/v2/webhooks/{id}', '/api/v2/webhooks/{id}/secret', '/api/v2/webhooks/{id}/deliveries', '/api/v2/webhooks/{id}/deliveries/{msgId}/retry', '/api/v2/webhooks/{id}/test']) {
+      expect(doc.paths[path], path).toBeDefined();
+    }
+    expect(JSON.stringify(doc.paths['/api/v2/webhooks'].post)).toContain('email.delivery_delayed');
+
+    const tool = (name: string, args: object) => ctx.app.inject({ method: 'POST', url: `/api/v2/tools/${name}`, headers: bearer(token), payload: { arguments: args } });
+    const created = await tool('create_webhook', { url: `${receiver.url}/ok`, events: ['campaign.sent'] });
+    expect(created.statusCode).toBe(200);
+    expect(created.json().secret).toMatch(/^whsec_/);
+    const bad = await tool('create_webhook', { url: `${receiver.url}/ok`, events: ['nope'] });
+    expect(bad.statusCode).toBe(422);
+    const sent = await tool('send_test_webhook', { webhookId: created.json().id });
+    expect(sent.json()).toMatchObject({ type: 'webhook.test', status: 'pending' });
+    const deliveries = await tool('list_webhook_deliveries', { webhookId: created.json().id, limit: 5 });
+    expect(deliveries.json().data[0].id).toBe(sent.json().id);
+    const listed = await tool('list_webhooks', {});
+    expect(listed.json().data.map((w: { id: string }) => w.id)).toContain(created.json().id);
+    await api('DELETE', `/webhooks/${created.json().id}`);
+  });
+});
+
 describe('events from real actions', () => {
   it('delivers email, contact events, signed so that standardwebhooks verifies them', async () => {
     const endpoint = await createEndpoint('/ok', ['*']);
