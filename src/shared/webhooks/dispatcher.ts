@@ -32,9 +32,11 @@ export interface WebhookClientOptions {
   timeoutMs?: number;
   /** At most this much of an answer is read; the rest is discarded with the connection. */
   maxResponseBytes?: number;
-  /** Connections kept to one endpoint's origin: the per-endpoint concurrency. */
+  /** Connections kept to one endpoint: the per-endpoint concurrency. */
   connectionsPerOrigin?: number;
 }
+
+const AGENT_IDLE_MS = 60_000;
 
 export interface PostResult {
   ok: boolean;
@@ -50,26 +52,49 @@ export interface PostResult {
  * literal addresses, which skip the lookup).
  */
 export class WebhookClient {
-  private readonly agent: Agent;
+  /** One Agent per endpoint: endpoints on one host (one origin) never share connections. */
+  private readonly agents = new Map<string, { agent: Agent; usedAt: number }>();
+  private readonly sweeper: NodeJS.Timeout;
   private readonly timeoutMs: number;
   private readonly maxResponseBytes: number;
 
   constructor(private readonly options: WebhookClientOptions) {
     this.timeoutMs = options.timeoutMs ?? 10_000;
     this.maxResponseBytes = options.maxResponseBytes ?? 64 * 1024;
-    this.agent = new Agent({
-      connections: options.connectionsPerOrigin ?? 16,
-      headersTimeout: this.timeoutMs,
-      bodyTimeout: this.timeoutMs,
-      keepAliveTimeout: 4_000,
-      connect: {
-        timeout: this.timeoutMs,
-        lookup: guardedLookup(options.dns, options.allowPrivateUrls),
-      } as never,
-    });
+    // An endpoint idle for a minute gives its connections back.
+    this.sweeper = setInterval(() => {
+      const idle = Date.now() - AGENT_IDLE_MS;
+      for (const [key, entry] of this.agents) {
+        if (entry.usedAt < idle) {
+          this.agents.delete(key);
+          void entry.agent.close().catch(() => {});
+        }
+      }
+    }, AGENT_IDLE_MS);
+    this.sweeper.unref();
   }
 
-  async post(url: string, headers: Record<string, string>, body: string): Promise<PostResult> {
+  private agentFor(endpointId: string): Agent {
+    let entry = this.agents.get(endpointId);
+    if (!entry) {
+      const agent = new Agent({
+        connections: this.options.connectionsPerOrigin ?? 16,
+        headersTimeout: this.timeoutMs,
+        bodyTimeout: this.timeoutMs,
+        keepAliveTimeout: 4_000,
+        connect: {
+          timeout: this.timeoutMs,
+          lookup: guardedLookup(this.options.dns, this.options.allowPrivateUrls),
+        } as never,
+      });
+      entry = { agent, usedAt: Date.now() };
+      this.agents.set(endpointId, entry);
+    }
+    entry.usedAt = Date.now();
+    return entry.agent;
+  }
+
+  async post(endpointId: string, url: string, headers: Record<string, string>, body: string): Promise<PostResult> {
     let target: URL;
     try {
       target = new URL(url);
@@ -82,7 +107,7 @@ export class WebhookClient {
     }
     try {
       const response = await request(target, {
-        dispatcher: this.agent,
+        dispatcher: this.agentFor(endpointId),
         method: 'POST',
         headers: { ...headers, 'content-type': 'application/json', 'user-agent': 'mailroom-webhooks/1' },
         body,
@@ -99,7 +124,9 @@ export class WebhookClient {
   }
 
   async close(): Promise<void> {
-    await this.agent.close().catch(() => {});
+    clearInterval(this.sweeper);
+    await Promise.all([...this.agents.values()].map((e) => e.agent.close().catch(() => {})));
+    this.agents.clear();
   }
 }
 
@@ -154,7 +181,7 @@ export async function deliverEndpoint(deps: EndpointRunDeps, endpointId: string,
     await forEachLimit(claimed.length, o.concurrency, async (i) => {
       const message = claimed[i]!;
       const body = JSON.stringify(message.payload);
-      const outcome = await deps.client.post(endpoint.url, webhookHeaders(secret, message.id, body, deps.clock()), body);
+      const outcome = await deps.client.post(endpointId, endpoint.url, webhookHeaders(secret, message.id, body, deps.clock()), body);
       const attempts = message.attempts + 1;
       if (outcome.ok) {
         results[i] = { id: message.id, status: 'succeeded', code: outcome.statusCode, error: null, next: null };
