@@ -214,7 +214,7 @@ export const tools: Tool[] = [
   defineTool({
     name: 'create_webhook',
     description:
-      'Register a URL to receive events (Standard Webhooks: signed POSTs, retried for about a day and a half). Answers the signing secret, shown only this once.',
+      'Register a URL to receive events (Standard Webhooks: signed POSTs, retried for about 28 hours). Answers the signing secret, shown only this once.',
     permission: 'settings',
     inputSchema: CreateWebhookBody,
     toRequest: (body) => ({ method: 'POST', url: '/api/v2/webhooks', body }),
