@@ -70,6 +70,7 @@ describe('loadConfig defaults (contract 2)', () => {
       ALLOW_UNVERIFIED_DOMAINS: 'yes',
       LOG_LEVEL: 'warn',
       VERIFY_BLOCKED_DOMAINS: 'spam.example, Junk.Example',
+      WEBHOOK_ALLOW_PRIVATE_URLS: 'true',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -93,6 +94,7 @@ describe('loadConfig defaults (contract 2)', () => {
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
       logLevel: 'warn',
+      webhookAllowPrivateUrls: true,
     });
   });
 
