@@ -8,6 +8,7 @@ import { Migration20261123060000Outcomes } from './20261123060000-outcomes.js';
 import { Migration20261123070000EmailEventsCleanup } from './20261123070000-email-events-cleanup.js';
 import { Migration20261123080000CampaignTemplates } from './20261123080000-campaign-templates.js';
 import { Migration20261125040000Webhooks } from './20261125040000-webhooks.js';
+import { Migration20261125060000ProviderEvents } from './20261125060000-provider-events.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -24,4 +25,5 @@ export const migrationsList = [
   { name: 'Migration20261123070000EmailEventsCleanup', class: Migration20261123070000EmailEventsCleanup },
   { name: 'Migration20261123080000CampaignTemplates', class: Migration20261123080000CampaignTemplates },
   { name: 'Migration20261125040000Webhooks', class: Migration20261125040000Webhooks },
+  { name: 'Migration20261125060000ProviderEvents', class: Migration20261125060000ProviderEvents },
 ];
