@@ -1,6 +1,7 @@
 import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { completeCampaign } from '../src/shared/campaigns/fanout.js';
+import { applyDeliveryFeedback } from '../src/shared/outcomes/provider-events.js';
 import { checkDomain } from '../src/shared/domains/verification.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
@@ -72,6 +73,21 @@ describe('event sources', () => {
     expect(events('email.sent').filter((e) => e.data.email_id === refused)).toHaveLength(0);
     await new Promise((r) => setTimeout(r, 500));
     expect(events('email.delivered').filter((e) => e.data.email_id === ok)).toHaveLength(0);
+  });
+
+  it('email.delivery_delayed and email.complained from delivery feedback, once each however often reported', async () => {
+    const id = (await api('POST', '/emails', { from: 'a@acme.test', to: 'later@example.org', subject: 'Hi', markdown: 'x' })).json().id as string;
+    const sent = await eventFor('email.sent', (d) => d.email_id === id);
+    const messageId = String(sent.data.message_id);
+    for (let i = 0; i < 2; i++) {
+      await applyDeliveryFeedback(ctx.services.orm.em.fork(), { type: 'delivery_delayed', messageId, diagnostic: '451 4.2.0 try later' }, { now: new Date() });
+      await applyDeliveryFeedback(ctx.services.orm.em.fork(), { type: 'complained', messageId }, { now: new Date() });
+    }
+    await eventFor('email.delivery_delayed', (d) => d.email_id === id);
+    await eventFor('email.complained', (d) => d.email_id === id);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(events('email.delivery_delayed').filter((e) => e.data.email_id === id)).toHaveLength(1);
+    expect(events('email.complained').filter((e) => e.data.email_id === id)).toHaveLength(1);
   });
 
   it('domain.verified when its records are found, domain.failed after 72 hours without them', async () => {
