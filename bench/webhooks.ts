@@ -21,6 +21,8 @@ import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
 const EVENTS = Number(process.env.BENCH_EVENTS ?? 20_000);
 const SEND_EMAILS = Number(process.env.BENCH_SEND_EMAILS ?? 5_000);
 const SEND_RUNS = Number(process.env.BENCH_SEND_RUNS ?? 2);
+// BENCH_PARTS=3 runs only the send-path part, BENCH_PARTS=1,2 only the delivery parts.
+const PARTS = new Set((process.env.BENCH_PARTS ?? '1,2,3').split(',').map((p) => Number(p.trim())));
 
 function child(script: string): { proc: ChildProcess; ready: Promise<string>; ask<T>(what: string): Promise<T> } {
   const proc = fork(new URL(script, import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
@@ -45,6 +47,11 @@ const bench = await createBenchEnv('webhooks', { WEBHOOK_ALLOW_PRIVATE_URLS: 'tr
 const em = bench.services.orm.em.fork();
 const deps = { em, box: bench.services.box, dns: bench.services.dns, allowPrivateUrls: true };
 const body = SendEmailBody.parse({ from: 'Acme <receipts@acme.test>', to: 'user@example.com', subject: 'Your receipt', markdown: '# Thanks\n\nYour receipt **#1234** is ready.' });
+const cpuOf = async (pid: number) => {
+  // utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks of 10 ms.
+  const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
+  return (Number(stat[11]) + Number(stat[12])) * 10;
+};
 const load = async () => (await readFile('/proc/loadavg', 'utf8')).split(' ').slice(0, 3).join(' ');
 
 async function seedEmails(organizationId: string, count: number): Promise<string[]> {
@@ -107,6 +114,7 @@ async function raw(paths: string[], perPath: number): Promise<number> {
 let worker: ChildProcess | undefined;
 try {
   // ---- 1. Two endpoints answering at once.
+  if (PARTS.has(1) || PARTS.has(2)) {
   const a = await createWebhook(deps, bench.organizationId, { url: `${receiverUrl}/a`, events: ['email.sent'] });
   const b = await createWebhook(deps, bench.organizationId, { url: `${receiverUrl}/b`, events: ['email.sent'] });
   const ids = await seedEmails(bench.organizationId, EVENTS);
@@ -136,9 +144,10 @@ try {
   worker = undefined;
   console.log(`2. with a 10 s endpoint: the other two ${fmt(withSlow.rate)}/s = ${fmt(withSlow.rate / two.rate, 2)} of their rate alone (target >= 0.8); the slow one had ${fmt(slowDone!.n)} recorded delivered meanwhile (load ${await load()})`);
   await em.execute('delete from webhook_endpoints');
+  }
 
   // ---- 3. The outbox on the send path (BENCH_SEND_RUNS=0 skips it).
-  if (SEND_RUNS > 0) {
+  if (SEND_RUNS > 0 && PARTS.has(3)) {
   const plain = await createOrganization(em, bench.services.box, { name: 'Plain', verifyQuota: 10 });
   const hooked = await createOrganization(em, bench.services.box, { name: 'Hooked', verifyQuota: 10 });
   await createWebhook(deps, hooked.organization.id, { url: `${receiverUrl}/sent`, events: ['email.sent'] });
@@ -146,30 +155,43 @@ try {
     const ids = await seedEmails(organizationId, SEND_EMAILS);
     await bench.services.producer.addBulk('emails', ids.map(sendJob));
     const w = await spawnService('src/workers/main.ts', { ...bench.env, WORKER_QUEUES: 'emails' });
+    // CPU spent by the worker and by the PostgreSQL backends of this database while the
+    // emails go out (from the first one sent): on a loaded machine a steadier measure than
+    // the rate, which follows whatever else runs.
+    let cpuAtFirst: number | undefined;
+    let doneAtFirst = 0;
+    let cpuMs = 0;
     try {
       const started = Date.now();
       for (;;) {
         const [row] = await em.execute<{ n: number }[]>(`select count(*)::int as n from emails where id = any(array(select jsonb_array_elements_text(?::jsonb))) and status in ('sent', 'failed')`, [JSON.stringify(ids)]);
+        if (cpuAtFirst === undefined && row!.n > 0) {
+          cpuAtFirst = await cpuOf(w.pid!);
+          doneAtFirst = row!.n;
+        }
         if (row!.n >= SEND_EMAILS) break;
         if (Date.now() - started > 600_000) throw new Error('send run did not finish in 10 minutes');
         await new Promise((r) => setTimeout(r, 200));
       }
+      cpuMs = ((await cpuOf(w.pid!)) - cpuAtFirst!) / Math.max(1, SEND_EMAILS - doneAtFirst);
     } finally {
       await stop(w);
     }
     const [span] = await em.execute<{ first: Date; last: Date }[]>(`select min(claimed_at) as first, max(sent_at) as last from emails where id = any(array(select jsonb_array_elements_text(?::jsonb)))`, [JSON.stringify(ids)]);
-    return SEND_EMAILS / ((new Date(span!.last).getTime() - new Date(span!.first).getTime()) / 1000);
+    return { rate: SEND_EMAILS / ((new Date(span!.last).getTime() - new Date(span!.first).getTime()) / 1000), cpuMs };
   };
-  const none: number[] = [];
-  const one: number[] = [];
+  const none: { rate: number; cpuMs: number }[] = [];
+  const one: { rate: number; cpuMs: number }[] = [];
   for (let run = 0; run < SEND_RUNS; run++) {
     none.push(await sendRun(plain.organization.id));
     one.push(await sendRun(hooked.organization.id));
   }
   const [outbox] = await em.execute<{ n: number }[]>(`select count(*)::int as n from webhook_messages where organization_id = ?`, [hooked.organization.id]);
   const avg = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
-  console.log(`3. send path: no endpoint ${none.map((r) => fmt(r)).join(', ')} emails/s; one endpoint on email.sent ${one.map((r) => fmt(r)).join(', ')} emails/s (${fmt(outbox!.n)} outbox rows)`);
-  console.log(`   ratio with / without: ${fmt(avg(one) / avg(none), 2)} (target >= 0.85) (load ${await load()})`);
+  const rates = (runs: { rate: number }[]) => runs.map((r) => fmt(r.rate)).join(', ');
+  const cpus = (runs: { cpuMs: number }[]) => runs.map((r) => fmt(r.cpuMs, 3)).join(', ');
+  console.log(`3. send path: no endpoint ${rates(none)} emails/s, worker CPU ${cpus(none)} ms an email; one endpoint on email.sent ${rates(one)} emails/s, ${cpus(one)} ms an email (${fmt(outbox!.n)} outbox rows)`);
+  console.log(`   rate with / without: ${fmt(avg(one.map((r) => r.rate)) / avg(none.map((r) => r.rate)), 2)}; worker CPU an email without / with: ${fmt(avg(none.map((r) => r.cpuMs)) / avg(one.map((r) => r.cpuMs)), 2)} (target >= 0.85) (load ${await load()})`);
   }
 } finally {
   if (worker) await stop(worker);
