@@ -18,6 +18,9 @@ const DISPATCH_LIMIT = 5_000;
 // the endpoint's job again under the same id.
 const DELIVER_JOB_OPTIONS = { removeOnComplete: true, removeOnFail: true };
 
+const REINSTALL_MS = 30_000;
+const reinstallers = new WeakMap<Services, NodeJS.Timeout>();
+
 // One HTTP client (and its connection pools) per process's services, made on first use.
 const clients = new WeakMap<Services, WebhookClient>();
 function clientOf(services: Services): WebhookClient {
@@ -58,9 +61,22 @@ export function webhookProcessor(options: WebhookProcessorOptions = {}): QueuePr
       },
     },
     async onStart(services) {
-      await services.producer
-        .queue('webhooks')
-        .upsertJobScheduler('webhooks-dispatch', { every: o.dispatchEveryMs }, { name: 'dispatch', data: {}, opts: { removeOnComplete: true, removeOnFail: 100 } });
+      const install = () =>
+        services.producer
+          .queue('webhooks')
+          .upsertJobScheduler('webhooks-dispatch', { every: o.dispatchEveryMs }, { name: 'dispatch', data: {}, opts: { removeOnComplete: true, removeOnFail: 100 } });
+      await install();
+      // Redis emptied under a live connection (FLUSHALL, a failover to an empty replica) takes
+      // the scheduler with it and no reconnect puts it back: it is upserted again every
+      // REINSTALL_MS (idempotent), so deliveries resume by themselves. One timer a process.
+      if (!reinstallers.has(services)) {
+        const timer = setInterval(() => {
+          if (services.redis.status === 'ready') void install().catch(() => {});
+          else if (services.redis.status === 'end') clearInterval(timer);
+        }, REINSTALL_MS);
+        timer.unref();
+        reinstallers.set(services, timer);
+      }
     },
   });
 }
