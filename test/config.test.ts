@@ -86,6 +86,7 @@ describe('loadConfig defaults (contract 2)', () => {
       INBOUND_MAX_MESSAGE_BYTES: '2048',
       INBOUND_MAX_CONNECTIONS: '7',
       BOUNCE_DOMAIN: 'Bounces.Example.COM',
+      WEBHOOK_ALLOW_PRIVATE_URLS: 'true',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -122,6 +123,7 @@ describe('loadConfig defaults (contract 2)', () => {
       testSendsPerHour: 5,
       secretKeyFile: '/var/lib/mailroom/secret-key',
       inbound: { host: '0.0.0.0', port: 25, maxMessageBytes: 2048, maxConnections: 7, bounceDomain: 'bounces.example.com' },
+      webhookAllowPrivateUrls: true,
     });
   });
 

@@ -128,6 +128,8 @@ const envSchema = z
       .string()
       .transform((v, ctx) => normalizeHostname(v) ?? (ctx.addIssue({ code: 'custom', message: 'expected a host name' }), z.NEVER))
       .optional(),
+    // Webhooks (contract 17): allow endpoint URLs whose host is loopback/private/link-local.
+    WEBHOOK_ALLOW_PRIVATE_URLS: booleanish.optional(),
   })
   .superRefine((env, ctx) => {
     if (env.NODE_ENV === 'production' && !env.SECRET_KEY) {
@@ -198,6 +200,8 @@ export interface Config {
     maxConnections: number;
     bounceDomain: string;
   };
+  /** Webhooks: endpoint URLs may resolve to private addresses (default: outside production). */
+  webhookAllowPrivateUrls: boolean;
 }
 
 export class ConfigError extends Error {
@@ -269,5 +273,6 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       maxConnections: e.INBOUND_MAX_CONNECTIONS,
       bounceDomain: e.BOUNCE_DOMAIN ?? new URL(e.PUBLIC_URL).hostname.toLowerCase(),
     },
+    webhookAllowPrivateUrls: e.WEBHOOK_ALLOW_PRIVATE_URLS ?? e.NODE_ENV !== 'production',
   };
 }

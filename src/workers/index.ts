@@ -5,6 +5,7 @@ import { inboundProcessor } from './inbound.js';
 import { maintenanceProcessor } from './maintenance.js';
 import type { QueueProcessor } from './runner.js';
 import { subscribersProcessor } from './subscribers.js';
+import { webhooksProcessor } from './webhooks.js';
 import { workflowsProcessor } from './workflows.js';
 
 /** Every queue consumer of the service; each feature appends its own. */
@@ -17,4 +18,5 @@ export const processors: QueueProcessor[] = [
   campaignsProcessor as QueueProcessor,
   campaignEmailsProcessor as QueueProcessor,
   inboundProcessor as QueueProcessor,
+  webhooksProcessor as QueueProcessor,
 ];

@@ -1,3 +1,4 @@
+import { purgeWebhookDeliveries, WEBHOOK_DELIVERY_RETENTION_MS } from '../shared/webhooks/service.js';
 import { defineProcessor } from './runner.js';
 
 /** Housekeeping that belongs to no single feature. Features add their purges here. */
@@ -6,8 +7,8 @@ export const maintenanceProcessor = defineProcessor({
   concurrency: 1,
   handlers: {
     'purge-expired': async (_payload, ctx) => {
-      ctx.log.debug('nothing to purge yet');
-      return { purged: 0 };
+      const webhookDeliveries = await purgeWebhookDeliveries(ctx.em, new Date(ctx.services.clock().getTime() - WEBHOOK_DELIVERY_RETENTION_MS));
+      return { purged: webhookDeliveries, webhookDeliveries };
     },
   },
   async onStart(services) {

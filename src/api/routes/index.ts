@@ -7,6 +7,7 @@ import { tagsRoutes } from './tags.js';
 import { emailsRoutes } from './emails.js';
 import { tokensRoutes } from './tokens.js';
 import { verificationRoutes } from './verification.js';
+import { webhooksRoutes } from './webhooks.js';
 
 /** The authenticated /api/v2 modules; each feature appends its own, one a line. */
 export const v2Routes: Array<(app: App) => Promise<void>> = [
@@ -18,4 +19,5 @@ export const v2Routes: Array<(app: App) => Promise<void>> = [
   verificationRoutes,
   emailsRoutes,
   campaignsRoutes,
+  webhooksRoutes,
 ];

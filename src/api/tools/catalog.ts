@@ -6,6 +6,7 @@ import type { Permission } from '../../shared/tokens/permissions.js';
 import { SendBody as SendCampaignBody } from '../routes/campaigns.js';
 import { CreateBody as CreateSubscriberBody, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
 import { VerifyBody } from '../routes/verification.js';
+import { CreateWebhookBody } from '../routes/webhooks.js';
 import { segment, type EndpointRequest } from './dispatch.js';
 
 /**
@@ -198,6 +199,44 @@ export const tools: Tool[] = [
     inputSchema: z.object({ domain: Id('Domain id (dom_...) or hostname') }),
     readOnly: true,
     toRequest: ({ domain }) => ({ method: 'GET', url: `/api/v2/domains/${segment(domain)}` }),
+  }),
+  defineTool({
+    name: 'list_webhooks',
+    description: 'List the webhook endpoints that receive the organization\'s events (email, contact, campaign, domain), newest first; no secrets.',
+    permission: 'settings',
+    inputSchema: z.object({
+      limit: Limit.optional().describe('1 to 100, default 20'),
+      after: z.string().optional().describe('A webhook id: list endpoints older than it'),
+    }),
+    readOnly: true,
+    toRequest: (query) => ({ method: 'GET', url: '/api/v2/webhooks', query }),
+  }),
+  defineTool({
+    name: 'create_webhook',
+    description:
+      'Register a URL to receive events (Standard Webhooks: signed POSTs, retried for about 28 hours). Answers the signing secret, shown only this once.',
+    permission: 'settings',
+    inputSchema: CreateWebhookBody,
+    toRequest: (body) => ({ method: 'POST', url: '/api/v2/webhooks', body }),
+  }),
+  defineTool({
+    name: 'list_webhook_deliveries',
+    description: 'List the deliveries of one webhook endpoint, newest first: event type, status (pending, succeeded, failed), attempts, last HTTP status or error.',
+    permission: 'settings',
+    inputSchema: z.object({
+      webhookId: Id('Webhook id (whk_...)'),
+      limit: Limit.optional().describe('1 to 100, default 20'),
+      after: z.string().optional().describe('A delivery id (msg_...): list deliveries older than it'),
+    }),
+    readOnly: true,
+    toRequest: ({ webhookId, ...query }) => ({ method: 'GET', url: `/api/v2/webhooks/${segment(webhookId)}/deliveries`, query }),
+  }),
+  defineTool({
+    name: 'send_test_webhook',
+    description: 'Send a webhook.test event to one webhook endpoint, to check that it receives and verifies events.',
+    permission: 'settings',
+    inputSchema: z.object({ webhookId: Id('Webhook id (whk_...)') }),
+    toRequest: ({ webhookId }) => ({ method: 'POST', url: `/api/v2/webhooks/${segment(webhookId)}/test` }),
   }),
 ];
 

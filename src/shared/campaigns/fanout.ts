@@ -10,6 +10,7 @@ import { recipientWhere } from './filters.js';
 import { CAMPAIGN_JOB_OPTIONS, formatFrom } from './service.js';
 import { assertTransition } from './state.js';
 import { sendingPolicyProblem, type PolicyConfig } from '../domains/sending-policy.js';
+import { recordCampaignSent } from '../webhooks/outbox.js';
 
 /**
  * The fan-out of a campaign (contract 8), resumable (STYLE 10). The campaign's message is
@@ -276,7 +277,12 @@ export async function completeCampaign(em: EntityManager, metrics: Metrics | und
     'all',
   );
   const to: CampaignStatus = (counts?.total ?? 0) > 0 && (counts?.sent ?? 0) === 0 ? 'FAILED' : 'SENT';
-  if (await setStatus(em, campaignId, 'SENDING', to, ', finished_at = now()')) metrics?.campaignsFinished.inc({ status: to.toLowerCase() });
+  const moved = await em.transactional(async (tx) => {
+    const changed = await setStatus(tx as EntityManager, campaignId, 'SENDING', to, ', finished_at = now()');
+    if (changed && to === 'SENT') await recordCampaignSent(tx, campaignId);
+    return changed;
+  });
+  if (moved) metrics?.campaignsFinished.inc({ status: to.toLowerCase() });
   return to;
 }
 

@@ -2,6 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { Domain, type DomainDnsRecord, type DomainStatus } from '../db/entities/index.js';
 import type { DnsLookup } from '../dns/types.js';
 import { parseTags } from './records.js';
+import { recordDomainStatus } from '../webhooks/outbox.js';
 
 const MINUTE = 60_000;
 const HOUR = 60 * MINUTE;
@@ -169,8 +170,17 @@ export async function checkDomain(em: EntityManager, dns: DnsLookup, domainId: s
   const domain = await em.findOne(Domain, { id: domainId });
   if (!domain || (domain.status !== 'PENDING' && domain.status !== 'VERIFIED')) return domain;
   const checks = await checkRecords(dns, domain.dnsRecords);
+  const previous = domain.status;
   applyChecks(domain, checks, now);
-  await em.flush();
+  // domain.verified / domain.failed commit with the status (webhook outbox); commit flushes.
+  await em.begin();
+  try {
+    await recordDomainStatus(em, domain, previous);
+    await em.commit();
+  } catch (error) {
+    await em.rollback();
+    throw error;
+  }
   return domain;
 }
 

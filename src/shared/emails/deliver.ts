@@ -10,6 +10,7 @@ import { mailboxDomain } from './addresses.js';
 import { relayMessageId } from '../providers/relay-id.js';
 import { renderEmail } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
+import { recordEmailEvents, recordSentEmails } from '../webhooks/outbox.js';
 import { COPIES_SQL, SKIPPED_RECIPIENTS_SQL, SUPPRESSED_SQL, TO_ADDRESS_SQL, type SendGate } from '../outcomes/send-gate.js';
 
 /** The hand-over failed in a way that may succeed later: the job is retried. */
@@ -172,6 +173,10 @@ export class DeliveryStore {
       // (or was deleted) since the fan-out (contract 8) is failed instead of claimed, in the
       // same statement, so it is never sent and the campaign still completes.
       const rows = await this.query<ClaimedRow & { failed: string | null }>('mailroom_emails_claim', CLAIM_SQL, [unique]);
+      // Failed by the claim (suppressed, unsubscribed): their email.failed is written just
+      // after the claim's own commit (docs/webhooks.md).
+      const failedIds = rows.flatMap((r) => (r.failed === null ? [] : [{ emailId: r.id }]));
+      if (failedIds.length > 0) await recordEmailEvents(this.orm.em.fork(), 'email.failed', failedIds).catch(() => {});
       const byId = new Map(rows.map((r) => [r.id, r]));
       return ids.map((id): Claim => {
         const row = byId.get(id);
@@ -181,7 +186,11 @@ export class DeliveryStore {
       });
     });
     this.sent = new Coalescer<SentRecord, void>(async (records) => {
-      await this.query('mailroom_emails_sent', SENT_SQL, [JSON.stringify(records), records.map((r) => r.id)]);
+      // The webhook outbox rows (email.sent / email.delivered) commit with the status write.
+      await this.knex().transaction(async (trx) => {
+        await this.query('mailroom_emails_sent', SENT_SQL, [JSON.stringify(records), records.map((r) => r.id)], trx);
+        await recordSentEmails(trx, records.map((r) => r.id));
+      });
       // The status says sent now: the fence keys have done their work (they expire anyway).
       await this.fence?.clear(records.map((r) => r.id)).catch(() => {});
       return records.map(() => undefined);
@@ -192,10 +201,13 @@ export class DeliveryStore {
    * A prepared statement with bound parameters: the rendered bodies travel as a parameter
    * instead of being escaped into the SQL text (MikroORM's `execute` inlines).
    */
-  private async query<T>(name: string, sql: string, params: unknown[]): Promise<T[]> {
-    const knex = this.orm.em.getDriver().getConnection().getKnex();
+  private async query<T>(name: string, sql: string, params: unknown[], knex = this.knex()): Promise<T[]> {
     const result = (await knex.raw(sql, params as never[]).options({ name })) as { rows: T[] };
     return result.rows;
+  }
+
+  private knex() {
+    return this.orm.em.getDriver().getConnection().getKnex();
   }
 
   /** queued -> sending (or -> failed when it must not be sent); undefined when the row is not queued. */
@@ -231,7 +243,10 @@ export class DeliveryStore {
 
   /** A rare write (failure, released claim): on its own. */
   async finish(id: string, set: string, params: unknown[]): Promise<void> {
-    await this.orm.em.fork().execute(`update emails set ${set}, updated_at = now() where id = ? and status = 'sending'`, [...params, id], 'run');
+    await this.orm.em.fork().transactional(async (tx) => {
+      const rows = await tx.execute(`update emails set ${set}, updated_at = now() where id = ? and status = 'sending' returning status`, [...params, id], 'all');
+      if (rows[0]?.status === 'failed') await recordEmailEvents(tx, 'email.failed', [{ emailId: id }]);
+    });
   }
 
   async status(id: string): Promise<string> {

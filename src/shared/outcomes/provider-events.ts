@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound, recordProven } from '../verification/index.js';
+import { recordEmailEvents } from '../webhooks/outbox.js';
 import { TO_ADDRESS_SQL } from './send-gate.js';
 
 /** Contract 11: the body of `POST /webhooks/provider`. */
@@ -99,6 +100,8 @@ export async function applyDeliveryFeedback(
       [email.id, email.organization_id, event.type, deps.now, JSON.stringify(details)],
       'all',
     );
+    const hook = { emailId: email.id, extra: bounceType ? { bounce: { type: bounceType, diagnostic: event.diagnostic ?? null } } : undefined };
+    if (inserted.length > 0) await recordEmailEvents(tx, `email.${event.type}`, [hook]);
     if (event.type === 'delivery_delayed') return { emailId: email.id, changed: false, fresh: inserted.length > 0, bounceType };
     const updated = await tx.execute<{ id: string }[]>(
       `update emails set delivery_status = ?, updated_at = now() where id = ? and ${RANK_SQL('delivery_status')} < ${RANK_SQL('?::text')} returning id`,

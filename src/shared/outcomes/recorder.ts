@@ -2,6 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Orm } from '../db/orm.js';
 import type { Logger } from '../logger.js';
 import { recordCampaignEngagement } from './campaigns.js';
+import { recordTrackingEvents } from '../webhooks/outbox.js';
 import { TO_ADDRESS_SQL } from './send-gate.js';
 
 export interface TrackingHit {
@@ -251,6 +252,7 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
   // within this transaction).
   const opened = await firsts('open');
   const clicked = await firsts('click');
+  await recordTrackingEvents(em, opened, clicked, hits);
 
   for (const [kind, rows] of [['opened', opened], ['clicked', clicked]] as const) {
     const perCampaign = new Map<string, number>();

@@ -57,6 +57,14 @@ export const queueRegistry = {
     // Scheduled: re-enqueue reports whose job Redis lost; purge old read reports.
     reconcile: z.object({}),
   },
+  webhooks: {
+    // Delivers the due messages of one endpoint (jobId = deliver-<endpoint id>): one job per
+    // endpoint, so a slow endpoint holds only its own slot.
+    deliver: z.object({ endpointId: z.string() }),
+    // Every second (job scheduler): the dispatcher and reconciler of the outbox; enqueues
+    // `deliver` for every endpoint with a due, unclaimed message.
+    dispatch: z.object({}),
+  },
 } as const satisfies Record<string, Record<string, z.ZodType>>;
 
 export type QueueRegistry = typeof queueRegistry;

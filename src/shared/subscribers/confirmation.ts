@@ -1,6 +1,8 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { LinkSigner } from '../crypto.js';
-import type { SubscriberRow } from './rows.js';
+import { toRecord, type SubscriberRow } from './rows.js';
+import { tagsOf } from './service.js';
+import { recordContactEvent } from '../webhooks/outbox.js';
 
 /**
  * Double opt-in (spec 3.2, contract 6 and 10): a PENDING_CONFIRMATION subscriber gets an
@@ -80,10 +82,11 @@ export async function confirmSubscription(
     const organizationName = row.organization_name;
     if (row.status === 'SUBSCRIBED') return { outcome: 'already_confirmed' as const, organizationName };
     if (row.status !== 'PENDING_CONFIRMATION') return { outcome: 'not_pending' as const, organizationName };
-    await tx.execute(
-      `update subscribers set status = 'SUBSCRIBED', confirmed_at = ?, confirm_ip = ?, confirm_user_agent = ?, updated_at = ? where id = ?`,
+    const [confirmed] = (await tx.execute(
+      `update subscribers set status = 'SUBSCRIBED', confirmed_at = ?, confirm_ip = ?, confirm_user_agent = ?, updated_at = ? where id = ? returning *`,
       [evidence.now, evidence.ip, evidence.userAgent?.slice(0, 1000) ?? null, evidence.now, row.id],
-    );
+    )) as SubscriberRow[];
+    await recordContactEvent(tx, 'contact.updated', toRecord(confirmed!, (await tagsOf(tx, [row.id])).get(row.id) ?? []));
     return { outcome: 'confirmed' as const, organizationName };
   });
 }

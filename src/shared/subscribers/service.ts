@@ -8,6 +8,7 @@ import { byName, toRecord, type SubscriberRecord, type SubscriberRow, type TagRe
 import { nextStatus, UNSUBSCRIBABLE } from './states.js';
 import { inTransaction, rows, withConnection, type Db } from './sql.js';
 import type { WorkflowEvent } from './workflow-events.js';
+import { recordContactChange } from '../webhooks/outbox.js';
 
 /**
  * Subscriber writes wait for the WAL flush like every other write: an acknowledged
@@ -284,6 +285,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
 
       // A new row has exactly the tags just attached; an existing one is read back.
       const tags = created ? [...changes.added].sort(byName) : ((await tagsOf(tx, [row.id])).get(row.id) ?? []);
+      await recordContactChange(tx, { created, changes: events, subscriber: toRecord(row, tags) });
       // Field events after tag events, in name order.
       const fieldEvents = events.filter((e) => e.name === 'subscriber.field_updated');
       const ordered = [

@@ -9,6 +9,7 @@ import { Migration20261123070000EmailEventsCleanup } from './20261123070000-emai
 import { Migration20261123080000CampaignTemplates } from './20261123080000-campaign-templates.js';
 import { Migration20261125015000EmailsOrganizationTrigger } from './20261125015000-emails-organization-trigger.js';
 import { Migration20261125050000InboundReports } from './20261125050000-inbound-reports.js';
+import { Migration20261125040000Webhooks } from './20261125040000-webhooks.js';
 import { Migration20261125060000ProviderEvents } from './20261125060000-provider-events.js';
 import { Migration20261125080000Users } from './20261125080000-users.js';
 
@@ -28,6 +29,7 @@ export const migrationsList = [
   { name: 'Migration20261123080000CampaignTemplates', class: Migration20261123080000CampaignTemplates },
   { name: 'Migration20261125015000EmailsOrganizationTrigger', class: Migration20261125015000EmailsOrganizationTrigger },
   { name: 'Migration20261125050000InboundReports', class: Migration20261125050000InboundReports },
+  { name: 'Migration20261125040000Webhooks', class: Migration20261125040000Webhooks },
   { name: 'Migration20261125060000ProviderEvents', class: Migration20261125060000ProviderEvents },
   { name: 'Migration20261125080000Users', class: Migration20261125080000Users },
 ];

@@ -1,0 +1,84 @@
+import type { Services } from '../shared/container.js';
+import { deliverEndpoint, WebhookClient, type EndpointRunOptions } from '../shared/webhooks/dispatcher.js';
+import { endpointsWithDueMessages } from '../shared/webhooks/queries.js';
+import { defineProcessor, type QueueProcessor } from './runner.js';
+
+export interface WebhookProcessorOptions {
+  /** Endpoints served at once by one worker process (one job each). */
+  concurrency?: number;
+  /** How often the dispatcher looks for due messages. */
+  dispatchEveryMs?: number;
+  run?: EndpointRunOptions;
+}
+
+const DEFAULTS = { concurrency: 64, dispatchEveryMs: 1_000 };
+// Endpoints enqueued by one dispatcher run; the next run (a second later) takes the rest.
+const DISPATCH_LIMIT = 5_000;
+// A `deliver` job leaves nothing to keep: removed at once, so that the next dispatch can add
+// the endpoint's job again under the same id.
+const DELIVER_JOB_OPTIONS = { removeOnComplete: true, removeOnFail: true };
+
+const REINSTALL_MS = 30_000;
+const reinstallers = new WeakMap<Services, NodeJS.Timeout>();
+
+// One HTTP client (and its connection pools) per process's services, made on first use.
+const clients = new WeakMap<Services, WebhookClient>();
+function clientOf(services: Services): WebhookClient {
+  let client = clients.get(services);
+  if (!client) {
+    // Uncached DNS: the address connected to is the one just checked (ssrf.ts).
+    client = new WebhookClient({ dns: services.dns.fresh, allowPrivateUrls: services.config.webhookAllowPrivateUrls });
+    clients.set(services, client);
+  }
+  return client;
+}
+
+/**
+ * The `webhooks` queue. `dispatch` runs every second on a job scheduler: it is both the
+ * outbox's dispatcher and its reconciler, since it reads PostgreSQL (the outbox) and not
+ * Redis: a message whose job was lost (a worker killed, Redis flushed) is found by the next
+ * run like a new one. `deliver` posts one endpoint's due messages (dispatcher.ts).
+ */
+export function webhookProcessor(options: WebhookProcessorOptions = {}): QueueProcessor<'webhooks'> {
+  const o = { ...DEFAULTS, ...options };
+  return defineProcessor({
+    queue: 'webhooks',
+    concurrency: o.concurrency,
+    handlers: {
+      deliver: async (payload, ctx) =>
+        deliverEndpoint(
+          { em: ctx.em, box: ctx.services.box, client: clientOf(ctx.services), clock: ctx.services.clock, log: ctx.log },
+          payload.endpointId,
+          o.run,
+        ),
+      dispatch: async (_payload, ctx) => {
+        const ids = await endpointsWithDueMessages(ctx.em, DISPATCH_LIMIT);
+        await ctx.services.producer.addBulk(
+          'webhooks',
+          ids.map((endpointId) => ({ name: 'deliver' as const, data: { endpointId }, jobId: `deliver-${endpointId}`, opts: DELIVER_JOB_OPTIONS })),
+        );
+        return { dispatched: ids.length };
+      },
+    },
+    async onStart(services) {
+      const install = () =>
+        services.producer
+          .queue('webhooks')
+          .upsertJobScheduler('webhooks-dispatch', { every: o.dispatchEveryMs }, { name: 'dispatch', data: {}, opts: { removeOnComplete: true, removeOnFail: 100 } });
+      await install();
+      // Redis emptied under a live connection (FLUSHALL, a failover to an empty replica) takes
+      // the scheduler with it and no reconnect puts it back: it is upserted again every
+      // REINSTALL_MS (idempotent), so deliveries resume by themselves. One timer a process.
+      if (!reinstallers.has(services)) {
+        const timer = setInterval(() => {
+          if (services.redis.status === 'ready') void install().catch(() => {});
+          else if (services.redis.status === 'end') clearInterval(timer);
+        }, REINSTALL_MS);
+        timer.unref();
+        reinstallers.set(services, timer);
+      }
+    },
+  });
+}
+
+export const webhooksProcessor = webhookProcessor();

@@ -1,0 +1,134 @@
+import { Webhook } from 'standardwebhooks';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { completeCampaign } from '../src/shared/campaigns/fanout.js';
+import { applyDeliveryFeedback } from '../src/shared/outcomes/provider-events.js';
+import { checkDomain } from '../src/shared/domains/verification.js';
+import { newId } from '../src/shared/ids.js';
+import { createRedis } from '../src/shared/redis.js';
+import { domainsProcessor } from '../src/workers/domains.js';
+import { emailSendProcessor } from '../src/workers/emails.js';
+import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { webhookProcessor } from '../src/workers/webhooks.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { waitFor } from './helpers/outages.js';
+import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { startWebhookReceiver, type WebhookReceiver } from './helpers/webhook-receiver.js';
+
+// The other sources of events: an SMTP relay's acceptance and refusal, domain checks and a
+// campaign's completion.
+let ctx: TestContext;
+let dns: TestDnsServer;
+let sink: SmtpSink;
+let receiver: WebhookReceiver;
+let token: string;
+let organizationId: string;
+let secret: string;
+let workers: RunningWorkers | undefined;
+let connection: { disconnect(): void } | undefined;
+
+beforeAll(async () => {
+  receiver = await startWebhookReceiver();
+  dns = await startDnsServer();
+  sink = await startSmtpSink();
+  ctx = await createTestContext({ DNS_SERVERS: dns.address, MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url });
+  ({ token, organizationId } = await createOrg(ctx.services));
+  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
+  connection = redis;
+  workers = await startWorkers(ctx.services, redis, [
+    webhookProcessor({ dispatchEveryMs: 200 }) as never,
+    domainsProcessor as never,
+    emailSendProcessor('emails', { reconcileGraceMs: 0 }) as never,
+  ]);
+  const created = await api('POST', '/webhooks', { url: `${receiver.url}/ok`, events: ['*'] });
+  secret = created.json().secret;
+});
+afterAll(async () => {
+  await workers?.close();
+  connection?.disconnect();
+  await ctx?.close();
+  await sink?.close();
+  await dns?.close();
+  await receiver?.close();
+});
+
+function api(method: 'GET' | 'POST', url: string, payload?: unknown) {
+  return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(token), ...(payload === undefined ? {} : { payload: payload as object }) });
+}
+
+function events(type: string) {
+  return receiver.at('/ok').map((d) => new Webhook(secret).verify(d.body, d.headers as Record<string, string>) as { type: string; data: Record<string, unknown> }).filter((e) => e.type === type);
+}
+
+const eventFor = (type: string, match: (data: Record<string, unknown>) => boolean) => waitFor(type, () => events(type).find((e) => match(e.data)), 15_000);
+
+describe('event sources', () => {
+  it('email.sent when the relay accepts (no email.delivered yet); email.failed with the reason when it refuses', async () => {
+    sink.answer = (rcpt) => (rcpt === 'nobody@example.org' ? { code: 550, message: '5.1.1 no such user' } : undefined);
+    const ok = (await api('POST', '/emails', { from: 'a@acme.test', to: 'reader@example.org', subject: 'Hi', markdown: 'x' })).json().id as string;
+    const refused = (await api('POST', '/emails', { from: 'a@acme.test', to: 'nobody@example.org', subject: 'Hi', markdown: 'x' })).json().id as string;
+    await eventFor('email.sent', (d) => d.email_id === ok);
+    const failed = await eventFor('email.failed', (d) => d.email_id === refused);
+    expect(String(failed.data.reason)).toMatch(/550/);
+    expect(events('email.sent').filter((e) => e.data.email_id === refused)).toHaveLength(0);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(events('email.delivered').filter((e) => e.data.email_id === ok)).toHaveLength(0);
+  });
+
+  it('email.delivery_delayed and email.complained from delivery feedback, once each however often reported', async () => {
+    const id = (await api('POST', '/emails', { from: 'a@acme.test', to: 'later@example.org', subject: 'Hi', markdown: 'x' })).json().id as string;
+    const sent = await eventFor('email.sent', (d) => d.email_id === id);
+    const messageId = String(sent.data.message_id);
+    for (let i = 0; i < 2; i++) {
+      await applyDeliveryFeedback(ctx.services.orm.em.fork(), { type: 'delivery_delayed', messageId, diagnostic: '451 4.2.0 try later' }, { now: new Date() });
+      await applyDeliveryFeedback(ctx.services.orm.em.fork(), { type: 'complained', messageId }, { now: new Date() });
+    }
+    await eventFor('email.delivery_delayed', (d) => d.email_id === id);
+    await eventFor('email.complained', (d) => d.email_id === id);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(events('email.delivery_delayed').filter((e) => e.data.email_id === id)).toHaveLength(1);
+    expect(events('email.complained').filter((e) => e.data.email_id === id)).toHaveLength(1);
+  });
+
+  it('domain.verified when its records are found, domain.failed after 72 hours without them', async () => {
+    const created = (await api('POST', '/domains', { domain: 'news.example' })).json();
+    const byName = new Map<string, { txt: string[]; mx: Array<{ priority: number; exchange: string }> }>();
+    for (const record of created.dnsRecords as Array<{ type: string; name: string; value: string; priority: number | null }>) {
+      const entry = byName.get(record.name) ?? { txt: [], mx: [] };
+      if (record.type === 'TXT') entry.txt.push(record.value);
+      else entry.mx.push({ priority: record.priority ?? 10, exchange: record.value });
+      byName.set(record.name, entry);
+    }
+    for (const [name, entry] of byName) dns.set(name, { ...entry, ttl: 300 });
+    expect((await api('POST', `/domains/${created.domain}/verify`)).statusCode).toBe(200);
+    const verified = await eventFor('domain.verified', (d) => d.id === created.id);
+    expect(verified.data).toMatchObject({ domain: 'news.example', status: 'VERIFIED' });
+
+    const other = (await api('POST', '/domains', { domain: 'never.example' })).json();
+    expect((await api('POST', `/domains/${other.domain}/verify`)).statusCode).toBe(200);
+    await waitFor('first check', async () => (await api('GET', `/domains/${other.id}`)).json().message);
+    await ctx.services.orm.em.fork().execute(`update domains set pending_since = now() - interval '73 hours' where id = ?`, [other.id]);
+    const checked = await checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, other.id);
+    expect(checked?.status).toBe('FAILED');
+    const failed = await eventFor('domain.failed', (d) => d.id === other.id);
+    expect(failed.data).toMatchObject({ domain: 'never.example', status: 'FAILED' });
+    expect(events('domain.verified').filter((e) => e.data.id === other.id)).toHaveLength(0);
+  });
+
+  it('campaign.sent when a campaign completes', async () => {
+    const id = newId('cmp');
+    await ctx.services.orm.em.fork().execute(
+      `insert into campaigns (id, organization_id, name, subject, status, recipient_count, fanout_done, created_at, updated_at)
+       values (?, ?, 'November', 'News', 'SENDING', 0, true, now(), now())`,
+      [id, organizationId],
+    );
+    expect(await completeCampaign(ctx.services.orm.em.fork(), undefined, id)).toBe('SENT');
+    const sent = await eventFor('campaign.sent', (d) => d.campaign_id === id);
+    expect(sent.data).toMatchObject({ name: 'November', subject: 'News', recipient_count: 0, emails_sent_count: 0 });
+    expect(sent.data.finished_at).toMatch(/Z$/);
+    // Completing again changes nothing and writes no second event.
+    expect(await completeCampaign(ctx.services.orm.em.fork(), undefined, id)).toBe('gone');
+    await new Promise((r) => setTimeout(r, 500));
+    expect(events('campaign.sent').filter((e) => e.data.campaign_id === id)).toHaveLength(1);
+  });
+});
