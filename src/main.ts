@@ -2,6 +2,7 @@ import { startApi } from './api/server.js';
 import { bootConfig, handleShutdown } from './shared/boot.js';
 import { closeServices, createServices } from './shared/container.js';
 import { ensureDatabase, migrate } from './shared/db/orm.js';
+import { startSubmission } from './smtp/server.js';
 import { startWorkerProcess } from './workers/main.js';
 
 // `npm start`: one process for a laptop or a small server. It creates the database when
@@ -24,7 +25,10 @@ const app = await startApi(services);
 const bound = app.server.address();
 const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
 logger.info(`mailroom is running on http://${where} (docs at /docs)`);
+const submission = await startSubmission(services);
+logger.info(`SMTP submission on ${config.smtpSubmission.host}:${submission.port} (docs/smtp.md)`);
 shutdown.onStop(async () => {
+  await submission.close();
   await app.close();
   await workers.close();
   await closeServices(services);

@@ -154,12 +154,23 @@ export async function createEmails(
   em: EntityManager,
   deps: CreateEmailsDeps,
   inputs: NewEmail[],
-  options: { idempotency?: Idempotency } = {},
+  options: {
+    idempotency?: Idempotency;
+    /** Rows that belong to the emails (e.g. attachments), written in the same transaction. */
+    alongside?: (tx: EntityManager, ids: string[]) => Promise<void>;
+  } = {},
 ): Promise<CreatedEmails> {
   if (inputs.length === 0) return { ids: [], replayed: false };
   const idem = options.idempotency;
+  const alongside = options.alongside;
   let result: CreatedEmails;
-  if (!idem) {
+  if (alongside && !idem) {
+    result = await em.transactional(async (tx) => {
+      const ids = await insertEmails(tx, inputs);
+      await alongside(tx, ids);
+      return { ids, replayed: false };
+    });
+  } else if (!idem) {
     // One statement: atomic on its own, no BEGIN/COMMIT round trips on the hot path.
     result = { ids: await insertEmails(em, inputs), replayed: false };
   } else {

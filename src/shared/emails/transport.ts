@@ -6,6 +6,8 @@ import nodemailer, { type SendMailOptions, type Transporter } from 'nodemailer';
 import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import DKIM from 'nodemailer/lib/dkim/index.js';
 import type { Config } from '../config.js';
+import { withSubmittedParts } from '../submission/delivery.js';
+import type { SubmittedParts } from '../submission/store.js';
 
 /** One message as handed to the provider. */
 export interface OutgoingMessage {
@@ -37,6 +39,8 @@ export interface OutgoingMessage {
    * discards the message.
    */
   beforeCommit?: () => Promise<void>;
+  /** A message submitted over SMTP: its envelope, headers and attachments (src/shared/submission). */
+  submitted?: SubmittedParts;
 }
 
 export interface SendResult {
@@ -71,7 +75,7 @@ const CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_MAX_CONNECTIONS = 16;
 
 function mailOptions(message: OutgoingMessage): SendMailOptions {
-  return {
+  const options: SendMailOptions = {
     from: message.from,
     to: message.to,
     cc: message.cc ?? undefined,
@@ -86,6 +90,7 @@ function mailOptions(message: OutgoingMessage): SendMailOptions {
     disableFileAccess: true,
     disableUrlAccess: true,
   };
+  return message.submitted ? withSubmittedParts(options, message.submitted) : options;
 }
 
 /**
