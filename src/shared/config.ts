@@ -98,7 +98,7 @@ const envSchema = z
     }
     if ((env.SMTP_TLS_CERT_FILE === undefined) !== (env.SMTP_TLS_KEY_FILE === undefined)) {
       const missing = env.SMTP_TLS_CERT_FILE === undefined ? 'SMTP_TLS_CERT_FILE' : 'SMTP_TLS_KEY_FILE';
-      ctx.addIssue({ code: 'custom', path: [missing], message: 'SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE are set together' });
+      ctx.addIssue({ code: 'custom', path: [missing], message: 'is required with the other of SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE' });
     }
     if (env.SMTP_SUBMISSION_TLS_PORT !== undefined && env.SMTP_TLS_CERT_FILE === undefined) {
       ctx.addIssue({ code: 'custom', path: ['SMTP_SUBMISSION_TLS_PORT'], message: 'needs SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE' });
