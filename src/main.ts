@@ -24,9 +24,9 @@ const app = await startApi(services);
 // The bound address, not the configured one: PORT=0 lets the OS choose.
 const bound = app.server.address();
 const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
-logger.info(`mailroom is running on http://${where} (docs at /docs)`);
 const submission = await startSubmission(services);
 logger.info(`SMTP submission on ${config.smtpSubmission.host}:${submission.port} (docs/smtp.md)`);
+logger.info(`mailroom is running on http://${where} (docs at /docs)`);
 shutdown.onStop(async () => {
   await submission.close();
   await app.close();

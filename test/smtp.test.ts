@@ -14,6 +14,7 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { runService } from './helpers/process.js';
 import { openDialog } from './helpers/smtp-dialog.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 
@@ -417,5 +418,23 @@ describe('limits that need their own settings', () => {
     const refused = results.filter((r) => r.status === 'rejected').map((r) => (r as PromiseRejectedResult).reason as { response?: string });
     expect(refused.length).toBeGreaterThanOrEqual(2);
     for (const reason of refused) expect(reason.response).toMatch(/^421 4\.7\.0 /);
+  });
+});
+
+describe('the Procfile role smtp (npm run start:smtp)', () => {
+  it('listens on the port it logs, takes a message, and exits 0 on SIGTERM', async () => {
+    const proc = runService('src/smtp/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info' }, { via: 'tsx' });
+    try {
+      const match = await proc.waitFor(/SMTP submission listening on 127\.0\.0\.1:(\d+)/);
+      const transport = nodemailer.createTransport({ host: '127.0.0.1', port: Number(match[1]), auth: { user: 'role', pass: token } });
+      const info = await transport.sendMail({ from: 'role@acme.test', to: 'r@example.com', subject: 'from the role', text: 'x' });
+      transport.close();
+      const id = /OK (eml_\w+)/.exec(info.response)![1]!;
+      expect((await api('GET', `/emails/${id}`)).json().subject).toBe('from the role');
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited).toBe(0);
+    } finally {
+      proc.kill();
+    }
   });
 });

@@ -33,6 +33,8 @@ export async function createTestEnv(overrides: Record<string, string> = {}): Pro
     LOG_LEVEL: 'silent',
     RATE_LIMIT_PER_SECOND: '10000',
     MAIL_OUTBOX_DIR: `/tmp/mailroom-test-${suffix}/outbox`,
+    // `npm start` also listens for SMTP submission: never on a fixed port in tests.
+    SMTP_SUBMISSION_PORT: '0',
     ...overrides,
   };
   const config = loadConfig(env);
