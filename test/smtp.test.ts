@@ -436,5 +436,6 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
     } finally {
       proc.kill();
     }
-  });
+    // Starting a TypeScript process takes long on a loaded machine.
+  }, 45_000);
 });
