@@ -10,6 +10,7 @@ import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../src/shared/redis.js';
 import { startSubmission, type SubmissionListener } from '../src/smtp/server.js';
+import { readSubmittedMessage } from '../src/shared/submission/message.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
@@ -438,4 +439,31 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
     }
     // Starting a TypeScript process takes long on a loaded machine.
   }, 45_000);
+});
+
+describe('reading a message (contract 19 mapping)', () => {
+  it('decodes names, keeps groups in To, maps to, cc and bcc, and reads 8-bit headers as UTF-8', async () => {
+    const raw = Buffer.from(
+      'From: =?UTF-8?Q?J=C3=B6_Smith?= <jo@acme.test>\r\nTo: undisclosed-recipients:;, Team: a@x.test, "B, C" <b@x.test>;\r\n' +
+        'Cc: "Quote \\"me\\"" <q@x.test>\r\nSender: =?UTF-8?B?U8O2bmRlcg==?= <s@acme.test>\r\nX-Utf: caf\xc3\xa9\r\nBcc: secret@x.test\r\n' +
+        'Subject: =?UTF-8?Q?caf=C3=A9?=\r\nMessage-ID: <client@acme.test>\r\n\r\nbody\r\n',
+      'latin1',
+    );
+    const message = await readSubmittedMessage(raw, ['a@x.test', 'z@x.test', 'secret@x.test']);
+    expect(message).toMatchObject({
+      from: 'Jö Smith <jo@acme.test>',
+      to: 'a@x.test',
+      cc: ['"B, C" <b@x.test>', '"Quote \\"me\\"" <q@x.test>'],
+      bcc: ['z@x.test', 'secret@x.test'],
+      subject: 'café',
+      html: '',
+      text: 'body\n',
+    });
+    expect(message.headers).toEqual([
+      ['X-Utf', 'café'],
+      ['To', 'undisclosed-recipients:;, Team: a@x.test, "B, C" <b@x.test>;'],
+      ['Cc', '"Quote \\"me\\"" <q@x.test>'],
+      ['Sender', 'Sönder <s@acme.test>'],
+    ]);
+  });
 });

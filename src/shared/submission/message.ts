@@ -82,18 +82,25 @@ export function longestLineOver(raw: Buffer, limit: number): boolean {
   }
 }
 
+/** A display name as a phrase: quoted when it holds anything but letters, digits and atext. */
+function phrase(name: string): string {
+  return /^[\p{L}\p{N} !#$%&'*+\-/=?^_`{|}~.]+$/u.test(name) ? name : `"${name.replace(/(["\\])/g, '\\$1')}"`;
+}
+
 /** `Name <addr>` (the name quoted when it needs to be) or `addr`. */
 export function formatMailbox(mailbox: { name?: string; address?: string }): string {
   const address = mailbox.address ?? '';
   const name = (mailbox.name ?? '').replace(/[\r\n]+/g, ' ').trim();
-  if (!name) return address;
-  const shown = /^[\p{L}\p{N} !#$%&'*+\-/=?^_`{|}~.]+$/u.test(name) ? name : `"${name.replace(/(["\\])/g, '\\$1')}"`;
-  return `${shown} <${address}>`;
+  return name ? `${phrase(name)} <${address}>` : address;
 }
 
 function formatAddressList(entries: EmailAddress[]): string {
   return entries
-    .map((entry) => (entry.group ? `${formatMailbox({ name: entry.name }) || '""'}: ${formatAddressList(entry.group)};` : formatMailbox(entry)))
+    .map((entry) => {
+      if (!entry.group) return formatMailbox(entry);
+      const name = entry.name.replace(/[\r\n]+/g, ' ').trim();
+      return `${name ? phrase(name) : '""'}:${entry.group.length > 0 ? ` ${formatAddressList(entry.group)}` : ''};`;
+    })
     .join(', ');
 }
 
