@@ -76,6 +76,12 @@ describe('loadConfig defaults (contract 2)', () => {
       SMTP_TLS_CERT_FILE: '/etc/tls/cert.pem',
       SMTP_TLS_KEY_FILE: '/etc/tls/key.pem',
       SMTP_MAX_MESSAGE_BYTES: '5242880',
+      SNS_CERT_HOST_PATTERN: '^sns\\.example\\.test$',
+      SES_SNS_TOPIC_ARNS: 'arn:aws:sns:eu-west-1:1:a, arn:aws:sns:eu-west-1:1:b',
+      POSTMARK_WEBHOOK_USER: 'pm',
+      POSTMARK_WEBHOOK_PASSWORD: 'pm-pw',
+      MAILGUN_WEBHOOK_SIGNING_KEY: 'mg-key',
+      SENDGRID_WEBHOOK_PUBLIC_KEY: 'sg-key',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -96,6 +102,13 @@ describe('loadConfig defaults (contract 2)', () => {
       workerQueues: ['maintenance', 'emails'],
       workerMetricsPort: 9100,
       providerWebhookSecret: 'whsec',
+      providers: {
+        snsCertHostPattern: /^sns\.example\.test$/i,
+        ses: { enabled: true, topicArns: ['arn:aws:sns:eu-west-1:1:a', 'arn:aws:sns:eu-west-1:1:b'] },
+        postmark: { user: 'pm', password: 'pm-pw' },
+        mailgunSigningKey: 'mg-key',
+        sendgridPublicKey: 'sg-key',
+      },
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
       logLevel: 'warn',

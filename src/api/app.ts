@@ -13,6 +13,7 @@ import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
+import { providerWebhooksRoutes } from './routes/provider-webhooks.js';
 import { providerWebhookRoutes, trackingRoutes } from './routes/tracking.js';
 import type { App } from './types.js';
 import { v1Error } from './v1/envelope.js';
@@ -103,6 +104,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(unsubscribeRoutes);
   await app.register(trackingRoutes);
   await app.register(providerWebhookRoutes);
+  await app.register(providerWebhooksRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();
