@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { dkimVerify } from 'mailauth/lib/dkim/verify.js';
+import { simpleParser } from 'mailparser';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../src/shared/redis.js';
@@ -102,6 +103,7 @@ function client(pass = token) {
 describe('SMTP submission (contract 19)', () => {
   it('nodemailer submits a message with an attachment: stored, delivered intact, signed, tracked, listed', async () => {
     const pdf = randomBytes(40_000);
+    const logo = randomBytes(3_000);
     const transport = client();
     const info = await transport.sendMail({
       from: 'Acme Billing <billing@acme.test>',
@@ -111,9 +113,12 @@ describe('SMTP submission (contract 19)', () => {
       replyTo: 'help@acme.test',
       subject: 'Your invoice ✓',
       text: 'Your invoice is attached.',
-      html: '<p>Your invoice is attached. <a href="https://acme.test/account">Account</a></p>',
+      html: '<p>Your invoice is attached. <a href="https://acme.test/account">Account</a></p><img src="cid:logo@acme.test" alt="Acme">',
       headers: { 'X-Mailroom-Tags': 'kind=invoice, plan=pro', 'X-App-Request': 'req-42' },
-      attachments: [{ filename: 'invoice.pdf', content: pdf, contentType: 'application/pdf' }],
+      attachments: [
+        { filename: 'invoice.pdf', content: pdf, contentType: 'application/pdf' },
+        { filename: 'logo.png', content: logo, contentType: 'image/png', cid: 'logo@acme.test' },
+      ],
     });
     transport.close();
     const id = /^250 2\.0\.0 OK (eml_[0-9a-z]{26})$/.exec(info.response)?.[1];
@@ -132,7 +137,11 @@ describe('SMTP submission (contract 19)', () => {
         { name: 'kind', value: 'invoice' },
         { name: 'plan', value: 'pro' },
       ],
-      attachments: [{ filename: 'invoice.pdf', content_type: 'application/pdf', size: pdf.length }],
+      // In the order of the message's parts (nodemailer puts the inline image with the HTML).
+      attachments: [
+        { filename: 'logo.png', content_type: 'image/png', size: logo.length },
+        { filename: 'invoice.pdf', content_type: 'application/pdf', size: pdf.length },
+      ],
       message_id: `${id}@acme.test`,
     });
     const listed = (await api('GET', '/emails')).json();
@@ -153,9 +162,14 @@ describe('SMTP submission (contract 19)', () => {
     expect((mail.cc as { value: Array<{ address: string }> }).value.map((a) => a.address)).toEqual(['boss@example.com']);
     expect(mail.subject).toBe('Your invoice ✓');
     // The attachment byte for byte.
-    expect(mail.attachments).toHaveLength(1);
-    expect(mail.attachments[0]!.filename).toBe('invoice.pdf');
-    expect(sha256(mail.attachments[0]!.content)).toBe(sha256(pdf));
+    expect(mail.attachments).toHaveLength(2);
+    const [invoice, image] = [...mail.attachments].sort((a, b) => (a.filename ?? '').localeCompare(b.filename ?? ''));
+    expect(invoice!.filename).toBe('invoice.pdf');
+    expect(sha256(invoice!.content)).toBe(sha256(pdf));
+    // The inline image keeps its Content-ID, and the HTML still refers to it.
+    expect(image).toMatchObject({ filename: 'logo.png', cid: 'logo@acme.test', contentDisposition: 'inline' });
+    expect(sha256(image!.content)).toBe(sha256(logo));
+    expect((await simpleParser(raw, { keepCidLinks: true })).html).toContain('src="cid:logo@acme.test"');
     // Tracked as API email is (the organization's defaults), and DKIM-signed over that.
     expect(mail.html).toContain('/t/o/');
     expect(mail.html).toContain('/t/c/');
