@@ -440,7 +440,7 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
   it('listens on the port it logs, takes a message, and exits 0 on SIGTERM', async () => {
     const proc = runService('src/smtp/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info' }, { via: 'tsx' });
     try {
-      const match = await proc.waitFor(/SMTP submission listening on 127\.0\.0\.1:(\d+)/);
+      const match = await proc.waitFor(/SMTP submission listening on 127\.0\.0\.1:(\d+)/, 40_000);
       const transport = nodemailer.createTransport({ host: '127.0.0.1', port: Number(match[1]), auth: { user: 'role', pass: token } });
       const info = await transport.sendMail({ from: 'role@acme.test', to: 'r@example.com', subject: 'from the role', text: 'x' });
       transport.close();
@@ -452,7 +452,7 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
       proc.kill();
     }
     // Starting a TypeScript process takes long on a loaded machine.
-  }, 45_000);
+  }, 60_000);
 });
 
 describe('reading a message (contract 19 mapping)', () => {

@@ -30,9 +30,15 @@ export interface SubmissionOptions {
 // An idle pooled client keeps its session open; shutdown waits this long at most for it.
 const CLOSE_TIMEOUT_MS = 10_000;
 
+/** What onAuth keeps in a session: the token's secret is looked up again for each message. */
+interface SessionUser {
+  caller: Caller;
+  secret: string;
+}
+
 /** The authenticated token of a session (set by onAuth). */
 function callerOf(session: SMTPServerSession): Caller {
-  return session.user as Caller;
+  return (session.user as SessionUser).caller;
 }
 
 function asReply(error: unknown, services: Services, what: string): Error {
@@ -108,7 +114,7 @@ export async function startSubmission(services: Services, options: SubmissionOpt
       callerForSecret(services.orm.em.fork(), tokenCache, secret).then(
         (caller) => {
           if (!caller || !holds(caller.permissions, 'emails')) return callback(replies.badCredentials());
-          callback(null, { user: caller });
+          callback(null, { user: { caller, secret } satisfies SessionUser });
         },
         (error: unknown) => callback(asReply(error, services, 'token lookup')),
       );
@@ -117,10 +123,20 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     onMailFrom(address, session, callback) {
       const size = Number(address.args && typeof address.args === 'object' ? (address.args as Record<string, unknown>).SIZE : undefined);
       if (Number.isFinite(size) && size > max) return callback(replies.tooBig(max));
-      limiter.take(callerOf(session).tokenId).then(
-        (decision) => callback(decision.allowed ? null : replies.rateLimited(decision.limit)),
-        (error: unknown) => callback(asReply(error, services, 'rate limit')),
-      );
+      const { secret } = session.user as SessionUser;
+      // A session outlives its AUTH (pooled clients keep it open): the token is looked up
+      // again for every message (the process's cache, as for every HTTP request), so a
+      // revoked one stops sending on open sessions too.
+      callerForSecret(services.orm.em.fork(), tokenCache, secret)
+        .then(async (caller) => {
+          if (!caller || !holds(caller.permissions, 'emails')) throw replies.badCredentials();
+          const decision = await limiter.take(caller.tokenId);
+          if (!decision.allowed) throw replies.rateLimited(decision.limit);
+        })
+        .then(
+          () => callback(null),
+          (error: unknown) => callback(asReply(error, services, 'token check')),
+        );
     },
 
     onRcptTo(address, session, callback) {
