@@ -5,6 +5,7 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } f
 import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
+import { dashboard } from './dashboard/index.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
@@ -117,6 +118,8 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     { prefix: '/api/v2' },
   );
   await registerAgentInterfaces(app, services, tokenCache, rateLimiter);
+  // The dashboard (contract 20) in its own scope: form bodies, sessions, HTML errors.
+  await app.register(dashboard, { tokenCache });
 
   return app as unknown as App;
 }

@@ -6,6 +6,7 @@ import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js'
 import { AppError } from '../shared/errors.js';
 import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
 import { subscribersImport } from './subscribers-import.js';
+import { userCreate, userList } from './users.js';
 
 const USAGE = `Usage: npm run --silent cli -- <command>
 
@@ -18,6 +19,9 @@ Operator commands (talk to the database directly):
                                             upsert subscribers from a CSV (columns email, name,
                                             phone, tags separated by ; or |, other columns are
                                             custom fields); progress on stderr, summary at the end
+  user create --org ORG_ID --email EMAIL [--json]
+                                            a dashboard user; the password is read from stdin
+  user list --org ORG_ID [--json]
 
 User commands (talk to the API: MAILROOM_URL, default http://127.0.0.1:3000, and MAILROOM_TOKEN):
   verify EMAIL [--json]                     verify an address (counts against the monthly quota)
@@ -191,6 +195,8 @@ export async function main(argv: string[]): Promise<number> {
     else if (command === 'org' && sub === 'create') await orgCreate(config, rest);
     else if (command === 'org' && sub === 'update') await orgUpdate(config, rest);
     else if (command === 'subscribers' && sub === 'import') await subscribersImport(config, rest, (m) => new UsageError(m));
+    else if (command === 'user' && sub === 'create') await userCreate(config, rest, (m) => new UsageError(m));
+    else if (command === 'user' && sub === 'list') await userList(config, rest, (m) => new UsageError(m));
     else if (command === 'verify') return await verify(argv.slice(1));
     else if (!command || command === 'help' || command === '--help') process.stdout.write(USAGE);
     else throw new UsageError(`unknown command: ${argv.join(' ')}`);

@@ -9,6 +9,7 @@ import { Migration20261123070000EmailEventsCleanup } from './20261123070000-emai
 import { Migration20261123080000CampaignTemplates } from './20261123080000-campaign-templates.js';
 import { Migration20261125060000ProviderEvents } from './20261125060000-provider-events.js';
 import { Migration20261125070000Submissions } from './20261125070000-submissions.js';
+import { Migration20261125080000Users } from './20261125080000-users.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -26,4 +27,5 @@ export const migrationsList = [
   { name: 'Migration20261123080000CampaignTemplates', class: Migration20261123080000CampaignTemplates },
   { name: 'Migration20261125060000ProviderEvents', class: Migration20261125060000ProviderEvents },
   { name: 'Migration20261125070000Submissions', class: Migration20261125070000Submissions },
+  { name: 'Migration20261125080000Users', class: Migration20261125080000Users },
 ];
