@@ -27,6 +27,7 @@ try {
     producer: bench.services.producer,
     logger: bench.services.logger,
     pageSize: bench.config.campaignFanoutPage,
+    policy: bench.config,
     now: () => new Date(),
     metrics: { campaignRecipientsQueued: { inc: (n: number) => { queued += n; if (++pages % every === 0) { const m = process.memoryUsage(); console.log(`${fmt(queued)} at ${fmt((Date.now() - started) / 1000, 1)} s: rss ${fmt(m.rss / 2 ** 20)} heap ${fmt(m.heapUsed / 2 ** 20)} ext ${fmt(m.external / 2 ** 20)} ab ${fmt(m.arrayBuffers / 2 ** 20)}`); } } }, campaignsFinished: { inc: () => {} }, emailsAccepted: { inc: () => {} } } as never,
   }, id);

@@ -3,6 +3,7 @@ import { readFile } from 'node:fs/promises';
 import nodemailer from 'nodemailer';
 import { buildApp } from '../src/api/app.js';
 import { renderCampaignTemplate } from '../src/shared/campaigns/content.js';
+import { dkimOptionsFor } from '../src/shared/domains/dkim.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
 import { createSenderRow, seedSubscribers } from '../test/helpers/campaigns.js';
 import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
@@ -115,8 +116,11 @@ try {
 
   // Baseline: nodemailer straight to the same sink, the same message pre-rendered.
   const template = renderCampaignTemplate({ contentType: 'MARKDOWN', content: CONTENT, subject: 'News for {{name}}', preview: null });
-  const transport = nodemailer.createTransport({ ...smtpConnection(sinkUrl), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity });
+  // With BENCH_DKIM, the baseline signs with the same key (nodemailer, single-threaded).
+  const dkim = process.env.BENCH_DKIM ? ((await dkimOptionsFor(() => em.fork(), bench.services.box, bench.organizationId, 'acme.test')) ?? undefined) : undefined;
+  const transport = nodemailer.createTransport({ ...smtpConnection(sinkUrl), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity, dkim });
   let next = 0;
+  const directCpu = process.cpuUsage();
   const directStarted = Date.now();
   await Promise.all(
     Array.from({ length: DIRECT_CONCURRENCY }, async () => {
@@ -127,6 +131,7 @@ try {
     }),
   );
   const directRate = DIRECT / ((Date.now() - directStarted) / 1000);
+  const directUsage = process.cpuUsage(directCpu);
   transport.close();
 
   console.log('');
@@ -136,6 +141,7 @@ try {
   console.log(`transactional send made with ${fmt(transactional!.sentCount)} campaign emails out: accepted -> handed to the provider in ${fmt(txMs)} ms`);
   console.log(`peak RSS: fan-out worker ${fmt(fanOutPeakRss / 1024 / 1024)} MiB, send worker ${fmt(peakRss / 1024 / 1024)} MiB (target <= 300)`);
   console.log(`campaign hand-over: ${fmt(campaignRate)} emails/s; direct nodemailer (${fmt(DIRECT)} pre-rendered, pool of ${MAX_CONNECTIONS}): ${fmt(directRate)} emails/s`);
+  console.log(`direct nodemailer CPU: ${fmt((directUsage.user + directUsage.system) / 1000 / DIRECT, 3)} ms an email${dkim ? ' (DKIM-signed)' : ''}`);
   console.log(`ratio campaign / direct: ${fmt(campaignRate / directRate, 2)}`);
 } finally {
   if (worker) await stop(worker);

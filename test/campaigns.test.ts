@@ -482,7 +482,7 @@ describe('delete during the fan-out', () => {
     try {
       await client.query('begin');
       await client.query('select id from campaigns where id = $1 for update', [c.id]);
-      const deps = { producer: ctx.services.producer, logger: ctx.services.logger, pageSize: 2, now: () => new Date() };
+      const deps = { producer: ctx.services.producer, logger: ctx.services.logger, pageSize: 2, now: () => new Date(), policy: ctx.services.config };
       const fanOut = runFanOut(ctx.services.orm.em.fork(), deps, c.id);
       await new Promise((r) => setTimeout(r, 300));
       await client.query(`update emails set status = 'failed' where campaign_id = $1 and status = 'queued'`, [c.id]);

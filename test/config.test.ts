@@ -76,6 +76,11 @@ describe('loadConfig defaults (contract 2)', () => {
       SMTP_TLS_CERT_FILE: '/etc/tls/cert.pem',
       SMTP_TLS_KEY_FILE: '/etc/tls/key.pem',
       SMTP_MAX_MESSAGE_BYTES: '5242880',
+      RATE_LIMIT_ORG_PER_SECOND: '300',
+      MAX_TOKENS_PER_ORGANIZATION: '7',
+      MAX_DOMAINS_PER_ORGANIZATION: '3',
+      TEST_SENDS_PER_HOUR: '5',
+      SECRET_KEY_FILE: '/var/lib/mailroom/secret-key',
       SNS_CERT_HOST_PATTERN: '^sns\\.example\\.test$',
       SES_SNS_TOPIC_ARNS: 'arn:aws:sns:eu-west-1:1:a, arn:aws:sns:eu-west-1:1:b',
       POSTMARK_WEBHOOK_USER: 'pm',
@@ -113,6 +118,11 @@ describe('loadConfig defaults (contract 2)', () => {
       allowUnverifiedDomains: true,
       logLevel: 'warn',
       smtpSubmission: { host: '0.0.0.0', port: 587, tlsPort: 465, certFile: '/etc/tls/cert.pem', keyFile: '/etc/tls/key.pem', maxMessageBytes: 5242880 },
+      rateLimitOrgPerSecond: 300,
+      maxTokensPerOrganization: 7,
+      maxDomainsPerOrganization: 3,
+      testSendsPerHour: 5,
+      secretKeyFile: '/var/lib/mailroom/secret-key',
     });
   });
 

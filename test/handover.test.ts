@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DeliveryStore, deliverEmail, failInterruptedEmails } from '../src/shared/emails/deliver.js';
+import { DeliveryStore, deliverEmail, failInterruptedEmails, UNCERTAIN_REASON } from '../src/shared/emails/deliver.js';
 import { HandoverFence } from '../src/shared/emails/handover.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startCountingSink, type CountingSink } from './helpers/counting-sink.js';
@@ -66,9 +66,50 @@ describe('hand-over fence', () => {
     const taken = await fence.reclaim(id);
     expect(taken).toHaveProperty('token');
     // The stalled first owner reaches its final dot: refused.
-    expect(await fence.commit(id, undefined)).toBe(false);
+    expect(await fence.prepare(id, undefined)).toBeUndefined();
     // The new owner commits.
-    expect(await fence.commit(id, (taken as { token: string }).token)).toBe(true);
+    const prepared = await fence.prepare(id, (taken as { token: string }).token);
+    expect(prepared).toMatch(/^pre:/);
+    await fence.dot(id, prepared!);
+    expect(await fence.read(id)).toMatch(/^dot:/);
+  });
+
+  it('takes over an email whose dead worker got its fence but never wrote the final dot', async () => {
+    const id = await accepted();
+    await store.claim(id);
+    // The dead worker's fence answer came back, and it died before releasing the `.`.
+    expect(await fence.prepare(id, undefined)).toMatch(/^pre:/);
+    expect(await deliver(id)).toMatchObject({ outcome: 'sent' });
+    expect(sink.received.get(`${id}@acme.test`)).toBe(1);
+    expect((await status(id)).status).toBe('sent');
+  });
+
+  it('takes over again from a worker that took over and died too', async () => {
+    const id = await accepted();
+    await store.claim(id);
+    expect(await fence.reclaim(id)).toHaveProperty('token'); // the second worker, dead before its `.`
+    expect(await deliver(id)).toMatchObject({ outcome: 'sent' });
+    expect(sink.received.get(`${id}@acme.test`)).toBe(1);
+  });
+
+  it('records the final dot only once it is released, and the acceptance as the answer is read', async () => {
+    const id = await accepted();
+    const seen: (string | null)[] = [];
+    let reading: Promise<void> | undefined;
+    const original = fence.dot.bind(fence);
+    // What Redis holds when the `.` is released: the `pre:` the worker got, not yet `dot:`.
+    fence.dot = (emailId, prepared) => {
+      reading = fence.read(emailId).then((v) => void seen.push(v));
+      return original(emailId, prepared);
+    };
+    try {
+      expect(await deliver(id)).toMatchObject({ outcome: 'sent' });
+    } finally {
+      fence.dot = original;
+    }
+    await reading;
+    expect(seen[0]).toMatch(/^pre:/);
+    expect(sink.received.get(`${id}@acme.test`)).toBe(1);
   });
 
   it('aborts the SMTP transaction when the fence is lost: the relay gets nothing', async () => {
@@ -92,7 +133,7 @@ describe('hand-over fence', () => {
         fromDomain: 'acme.test',
         beforeCommit: async () => {
           called = true;
-          if (!(await fence.commit(id, undefined))) throw new Error('fence lost');
+          if (!(await fence.prepare(id, undefined))) throw new Error('fence lost');
         },
       }),
     ).rejects.toThrow(/fence lost/);
@@ -113,21 +154,34 @@ describe('hand-over fence', () => {
     expect(await status(id)).toMatchObject({ status: 'sent', message_id: `${id}@acme.test` });
   });
 
-  it('leaves an email whose final dot may have gone out, and the reconciler fails it after the lease', async () => {
+  it('fails an email whose final dot went out without an answer as uncertain at once, never sending it again', async () => {
     const dot = await accepted();
-    const acc = await accepted();
     await store.claim(dot);
-    await store.claim(acc);
     await ctx.services.redis.set(fence.key(dot), 'dot:someone');
-    await fence.accepted(acc, `${acc}@acme.test`);
-    expect(await deliver(dot)).toEqual({ outcome: 'skipped', status: 'sending' });
+    expect(await deliver(dot)).toEqual({ outcome: 'failed', reason: UNCERTAIN_REASON });
     expect(sink.received.get(`${dot}@acme.test`)).toBeUndefined();
+    expect(await status(dot)).toMatchObject({ status: 'failed', failure_reason: UNCERTAIN_REASON });
+    // A worker that only stalled and reads the relay's 250 late still records it sent.
+    await store.markSent({ id: dot, message_id: `${dot}@acme.test`, html: '', text: '', delivered: false });
+    expect(await status(dot)).toMatchObject({ status: 'sent', failure_reason: null });
+  });
+
+  it('settles the rows whose job is gone after the lease, by their fence', async () => {
+    const [dot, acc, pre, none] = [await accepted(), await accepted(), await accepted(), await accepted()];
+    for (const id of [dot, acc, pre, none]) await store.claim(id);
+    await ctx.services.redis.set(fence.key(dot), 'dot:someone');
+    await ctx.services.redis.set(fence.key(pre), 'pre:someone');
+    await fence.accepted(acc, `${acc}@acme.test`);
 
     const em = ctx.services.orm.em.fork();
     expect(await failInterruptedEmails(em, 60_000, fence)).toBe(0); // within the lease
     await new Promise((r) => setTimeout(r, 20));
-    expect(await failInterruptedEmails(em, 10, fence)).toBeGreaterThanOrEqual(1); // with earlier tests' rows
-    expect(await status(dot)).toMatchObject({ status: 'failed', failure_reason: expect.stringMatching(/never sent twice/) });
+    expect(await failInterruptedEmails(em, 10, fence)).toBeGreaterThanOrEqual(2); // with earlier tests' rows
+    expect(await status(dot)).toMatchObject({ status: 'failed', failure_reason: UNCERTAIN_REASON });
+    expect(await status(none)).toMatchObject({ status: 'failed', failure_reason: expect.stringMatching(/^interrupted.*never sent twice/) });
     expect(await status(acc)).toMatchObject({ status: 'sent', message_id: `${acc}@acme.test` });
+    // The `.` was never written: back to queued, for the reconciler to enqueue again.
+    expect(await status(pre)).toMatchObject({ status: 'queued' });
+    expect(await fence.read(pre)).toBeNull();
   });
 });

@@ -161,7 +161,7 @@ describe('lifecycle over SMTP', () => {
       [id],
     );
     expect(event).toMatchObject({ user_agent: 'MailClient/1.0', url: null });
-    // A click of a delivered email proves the mailbox (contract 13).
+    // The provider's delivery proves the mailbox (opens and clicks do not: docs/security.md).
     const [history] = await sql<{ proven_at: Date | null }>(`select proven_at from verification_history where email = 'jane@example.com'`);
     expect(history?.proven_at).toBeTruthy();
   });

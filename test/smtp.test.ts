@@ -30,7 +30,6 @@ let sink: SmtpSink;
 let workers: RunningWorkers;
 let listener: SubmissionListener;
 let token: string;
-let organizationId: string;
 const connections: { disconnect(): void }[] = [];
 
 beforeAll(async () => {
@@ -47,7 +46,7 @@ beforeAll(async () => {
   const connection = createRedis(ctx.env.config.redisUrl, 'worker');
   connections.push(connection);
   workers = await startWorkers(ctx.services, connection, [emailSendProcessor('emails', { reconcileGraceMs: 60_000 })]);
-  ({ token, organizationId } = await createOrg(ctx.services));
+  ({ token } = await createOrg(ctx.services));
   // A sending domain with its DKIM key published on the test DNS server, VERIFIED.
   const created = (await api('POST', '/domains', { domain: 'acme.test' })).json();
   const dkim = (created.dnsRecords as Array<{ purpose: string; name: string; value: string }>).find((r) => r.purpose === 'dkim')!;

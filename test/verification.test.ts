@@ -408,7 +408,7 @@ describe('trusted history', () => {
     expect((await check('wasfull@acme.io')).issues).toEqual([]);
   });
 
-  it('answers deliverable, score >= 90, only for a mailbox proven by an open or a click', async () => {
+  it('answers deliverable, score >= 90, only for a mailbox proven by the provider\'s delivery', async () => {
     await recordProven(em(), 'reader@acme.io');
     expect(await check('reader@acme.io')).toMatchObject({ result: 'deliverable', accept: true, score: 100, issues: [] });
     await recordProven(em(), 'sales@acme.io');

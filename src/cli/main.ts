@@ -1,6 +1,7 @@
 import { parseArgs } from 'node:util';
 import { destination, pino } from 'pino';
 import { ConfigError, loadConfig, type Config } from '../shared/config.js';
+import { resolveSecretKey } from '../shared/secret-key.js';
 import { SecretBox } from '../shared/crypto.js';
 import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js';
 import { AppError } from '../shared/errors.js';
@@ -182,7 +183,8 @@ export async function main(argv: string[]): Promise<number> {
   const [command, sub, ...rest] = argv;
   let config: Config;
   try {
-    config = loadConfig();
+    // The same key as the service's processes (SECRET_KEY, or the generated SECRET_KEY_FILE).
+    config = resolveSecretKey(loadConfig()).config;
   } catch (error) {
     if (error instanceof ConfigError) {
       process.stderr.write(`mailroom: ${error.message}\n`);

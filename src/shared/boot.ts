@@ -1,11 +1,15 @@
 import { ConfigError, loadConfig, type Config } from './config.js';
 import { createLogger, type Logger } from './logger.js';
+import { resolveSecretKey } from './secret-key.js';
 
 /** Parses the environment or stops the process with a message naming each bad variable. */
 export function bootConfig(name: string): { config: Config; logger: Logger } {
   let config: Config;
+  let warning: string | undefined;
   try {
-    config = loadConfig();
+    const resolved = resolveSecretKey(loadConfig());
+    config = resolved.config;
+    warning = resolved.warning;
   } catch (error) {
     if (error instanceof ConfigError) {
       process.stderr.write(`mailroom: ${error.message}\n`);
@@ -14,9 +18,7 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
     throw error;
   }
   const logger = createLogger({ level: config.logLevel, name });
-  if (config.usingDevelopmentSecret) {
-    logger.warn('SECRET_KEY is not set: using the development key. Set SECRET_KEY before handling real mail.');
-  }
+  if (warning) logger.warn(warning);
   return { config, logger };
 }
 

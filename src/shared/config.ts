@@ -66,6 +66,9 @@ const envSchema = z
       .transform((v) => (v ?? '').split(',').map((s) => s.trim().toLowerCase().replace(/\.$/, '')).filter(Boolean)),
     RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
+    // Delivery engine: worker threads that DKIM-sign outgoing mail (default: the cores but one,
+    // at least 1; 0 signs on the worker's event loop).
+    DKIM_SIGNING_THREADS: z.coerce.number().int().min(0).max(64).optional(),
     EMAIL_RECONCILE_EVERY_MS: optionalPositiveInt,
     EMAIL_RECONCILE_GRACE_MS: z.coerce.number().int().min(0).optional(),
     WORKER_QUEUES: z
@@ -111,6 +114,14 @@ const envSchema = z
     SMTP_TLS_CERT_FILE: z.string().min(1).optional(),
     SMTP_TLS_KEY_FILE: z.string().min(1).optional(),
     SMTP_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).max(1024 * 1024 * 1024).default(10 * 1024 * 1024),
+    // Security hardening (docs/security.md): limits per organization, whatever its tokens.
+    // Requests a second per organization, every token and interface together; unset: 4 x RATE_LIMIT_PER_SECOND.
+    RATE_LIMIT_ORG_PER_SECOND: optionalPositiveInt,
+    MAX_TOKENS_PER_ORGANIZATION: z.coerce.number().int().positive().default(50),
+    MAX_DOMAINS_PER_ORGANIZATION: z.coerce.number().int().positive().default(20),
+    TEST_SENDS_PER_HOUR: z.coerce.number().int().min(0).default(20),
+    // Where the generated SECRET_KEY of a non-production install is kept (created 0600 on first start).
+    SECRET_KEY_FILE: z.string().min(1).default('./data/secret-key'),
   })
   .superRefine((env, ctx) => {
     if (env.NODE_ENV === 'production' && !env.SECRET_KEY) {
@@ -149,6 +160,8 @@ export interface Config {
     outboxDir: string;
     smtpUrl?: string;
     ratePerSecond?: number;
+    /** DKIM signing threads of a sending process (undefined: the default for the machine). */
+    dkimThreads?: number;
   };
   dnsServers?: string[];
   verifyMonthlyQuota: number;
@@ -182,6 +195,12 @@ export interface Config {
     keyFile?: string;
     maxMessageBytes: number;
   };
+  // Security hardening (docs/security.md).
+  rateLimitOrgPerSecond: number;
+  maxTokensPerOrganization: number;
+  maxDomainsPerOrganization: number;
+  testSendsPerHour: number;
+  secretKeyFile: string;
 }
 
 export class ConfigError extends Error {
@@ -217,6 +236,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       outboxDir: e.MAIL_OUTBOX_DIR,
       smtpUrl: e.SMTP_URL,
       ratePerSecond: e.MAIL_RATE_PER_SECOND,
+      dkimThreads: e.DKIM_SIGNING_THREADS,
     },
     dnsServers: e.DNS_SERVERS,
     verifyMonthlyQuota: e.VERIFY_MONTHLY_QUOTA,
@@ -248,5 +268,10 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       keyFile: e.SMTP_TLS_KEY_FILE,
       maxMessageBytes: e.SMTP_MAX_MESSAGE_BYTES,
     },
+    rateLimitOrgPerSecond: e.RATE_LIMIT_ORG_PER_SECOND ?? 4 * e.RATE_LIMIT_PER_SECOND,
+    maxTokensPerOrganization: e.MAX_TOKENS_PER_ORGANIZATION,
+    maxDomainsPerOrganization: e.MAX_DOMAINS_PER_ORGANIZATION,
+    testSendsPerHour: e.TEST_SENDS_PER_HOUR,
+    secretKeyFile: e.SECRET_KEY_FILE,
   };
 }

@@ -4,10 +4,12 @@ import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
 import { createDns, type DnsService } from './dns/resolver.js';
 import { dkimOptionsFor } from './domains/dkim.js';
+import { RenderPool } from './emails/render-pool.js';
 import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
+import { organizationRateLimiter, type WindowRateLimiter } from './rate-limits/window.js';
 import { SnsCertificates } from './providers/sns.js';
 import { createRedis, settleConnection } from './redis.js';
 
@@ -31,6 +33,10 @@ export interface Services {
   metrics: Metrics;
   /** The mail transport (file or pooled SMTP); it connects on its first send. */
   mailer: MailTransport;
+  /** Worker threads that render for the API (security: never on the API's event loop). */
+  render: RenderPool;
+  /** RATE_LIMIT_ORG_PER_SECOND per organization, for every interface of this process. */
+  orgLimiter: WindowRateLimiter;
   /** Amazon SNS signing certificates fetched for the SES webhook, cached by URL. */
   snsCertificates: SnsCertificates;
 }
@@ -59,6 +65,8 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
     }),
+    render: new RenderPool({ threads: 2, timeoutMs: 30_000 }),
+    orgLimiter: organizationRateLimiter({ redis, config }),
     snsCertificates: new SnsCertificates(),
   };
 }
@@ -67,6 +75,7 @@ export async function closeServices(services: Services): Promise<void> {
   await services.producer.close().catch(() => {});
   services.redis.disconnect();
   services.mailer.close();
+  await services.render.close().catch(() => {});
   await services.orm.close(true);
 }
 

@@ -27,10 +27,48 @@ const REDACT = [
   '*.privateKey',
 ];
 
+// Public paths whose next segments are a capability (a signed token: unsubscribe,
+// confirmation, tracking): whoever reads the log could use it.
+const CAPABILITY_PATH = /^(\/(?:u|confirm|t\/[oc])\/)[^?#]+/;
+
+/** A request URL as logged: the token of a capability path replaced. */
+export function redactUrl(url: unknown): unknown {
+  return typeof url === 'string' ? url.replace(CAPABILITY_PATH, '$1[redacted]') : url;
+}
+
+interface LoggedRequest {
+  method?: string;
+  url?: string;
+  ip?: string;
+  host?: string;
+  headers?: Record<string, unknown>;
+  socket?: { remotePort?: number };
+  raw?: unknown;
+}
+
+/**
+ * `req` as logged: Fastify's own fields (its serializer is replaced by this one, which the
+ * logger instance's serializers take precedence over) with the URL redacted; a plain
+ * object logged as `req` keeps its fields, the URL redacted too.
+ */
+function serializeRequest(req: LoggedRequest): Record<string, unknown> {
+  if (!req || typeof req !== 'object') return req as never;
+  if (!('raw' in req)) return { ...req, url: redactUrl(req.url) };
+  return {
+    method: req.method,
+    url: redactUrl(req.url),
+    version: req.headers?.['accept-version'],
+    host: req.host,
+    remoteAddress: req.ip,
+    remotePort: req.socket?.remotePort,
+  };
+}
+
 export function createLogger(options: { level: string; name?: string }): Logger {
   return pino({
     name: options.name ?? 'mailroom',
     level: options.level,
     redact: { paths: REDACT, censor: '[redacted]' },
+    serializers: { req: serializeRequest },
   });
 }

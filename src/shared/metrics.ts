@@ -16,6 +16,12 @@ import { QUEUE_NAMES } from './queues/registry.js';
  */
 export interface Metrics {
   registry: Registry;
+  /**
+   * The registry's text for a scrape. Concurrent scrapes share one collection: each
+   * collection reads Redis and may count rows in PostgreSQL, so N scrapers at once must
+   * not cost N times that.
+   */
+  scrape(): Promise<string>;
 
   // HTTP (API processes), recorded by the onResponse hook of src/api/plugins/metrics.ts.
   httpRequests: Counter<'method' | 'route' | 'status_code'>;
@@ -86,8 +92,15 @@ export function createMetrics(sources: MetricsSources): Metrics {
   const counter = <L extends string>(name: string, help: string, labelNames: readonly L[] = []) =>
     new Counter<L>({ name, help, labelNames, registers });
 
+  let inFlight: Promise<string> | undefined;
   const metrics: Metrics = {
     registry,
+    scrape() {
+      inFlight ??= registry.metrics().finally(() => {
+        inFlight = undefined;
+      });
+      return inFlight;
+    },
     httpRequests: counter('mailroom_http_requests_total', 'HTTP requests answered, by route pattern and status', ['method', 'route', 'status_code']),
     httpRequestDuration: new Histogram({
       name: 'mailroom_http_request_duration_seconds',
@@ -165,6 +178,7 @@ function registerQueueGauge(registry: Registry, { producer, logger }: MetricsSou
 function registerStatusGauge(registry: Registry, { orm, logger }: MetricsSources, table: 'emails' | 'campaigns', help: string): void {
   let tableReady = false;
   let last: { at: number; rows: Array<{ status: string; count: string | number }> } | undefined;
+  let pending: Promise<Array<{ status: string; count: string | number }>> | undefined;
 
   async function query(): Promise<Array<{ status: string; count: string | number }>> {
     if (!tableReady) {
@@ -192,7 +206,11 @@ function registerStatusGauge(registry: Registry, { orm, logger }: MetricsSources
       const now = Date.now();
       if (!last || now - last.at >= STATUS_QUERY_INTERVAL_MS) {
         try {
-          last = { at: now, rows: await withTimeout(query(), COLLECT_TIMEOUT_MS + STATUS_QUERY_TIMEOUT_MS) };
+          // Collections that overlap (concurrent scrapes) wait for the same query.
+          pending ??= withTimeout(query(), COLLECT_TIMEOUT_MS + STATUS_QUERY_TIMEOUT_MS).finally(() => {
+            pending = undefined;
+          });
+          last = { at: now, rows: await pending };
         } catch (error) {
           logger.debug({ err: error, table }, 'metrics: rows by status unavailable');
           last = undefined;

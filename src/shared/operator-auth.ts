@@ -26,3 +26,22 @@ export function isOperator(header: string | undefined, password: string): boolea
   const passwordOk = safeEqual(sha256Hex(given?.password ?? ''), sha256Hex(password));
   return given !== undefined && userOk && passwordOk;
 }
+
+/** Whether a peer address is this host (127.0.0.0/8, ::1, or either mapped into IPv6). */
+export function isLoopback(address: string | undefined): boolean {
+  if (!address) return false;
+  const bare = address.startsWith('::ffff:') ? address.slice(7) : address;
+  return bare === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(bare);
+}
+
+/**
+ * Who may read /metrics (API and worker): with ADMIN_PASSWORD, the operator's basic auth;
+ * without it, only this host (a scraper on the same machine), since the API port is the
+ * public one and the figures are the operator's business.
+ */
+export function metricsAccess(config: { adminPassword?: string }, peer: string | undefined, authorization: string | undefined): 'ok' | 'credentials' | 'local-only' {
+  if (config.adminPassword) return isOperator(authorization, config.adminPassword) ? 'ok' : 'credentials';
+  return isLoopback(peer) ? 'ok' : 'local-only';
+}
+
+export const METRICS_LOCAL_ONLY = 'GET /metrics is answered to this host only while ADMIN_PASSWORD is unset; set ADMIN_PASSWORD to scrape from elsewhere';

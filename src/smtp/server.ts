@@ -3,9 +3,8 @@ import type { AddressInfo } from 'node:net';
 import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMTPServerSession } from 'smtp-server';
 import { callerForSecret, RateLimiter, TokenCache } from '../api/plugins/auth.js';
 import type { Services } from '../shared/container.js';
-import { assertSendingDomainAllowed } from '../shared/domains/dkim.js';
+import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { isAddress } from '../shared/emails/addresses.js';
-import { AppError } from '../shared/errors.js';
 import { readSubmittedMessage } from '../shared/submission/message.js';
 import { replies, SmtpReplyError } from '../shared/submission/reply.js';
 import { storeSubmission } from '../shared/submission/store.js';
@@ -132,6 +131,9 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (!caller || !holds(caller.permissions, 'emails')) throw replies.badCredentials();
           const decision = await limiter.take(caller.tokenId);
           if (!decision.allowed) throw replies.rateLimited(decision.limit);
+          // The organization's limit too, counted with its HTTP requests (RATE_LIMIT_ORG_PER_SECOND).
+          const organization = await services.orgLimiter.take(caller.organizationId);
+          if (!organization.allowed) throw replies.rateLimited(organization.limit, 'organization');
         })
         .then(
           () => callback(null),
@@ -155,13 +157,9 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (stream.sizeExceeded) throw replies.tooBig(max);
           const message = await readSubmittedMessage(raw, envelopeTo);
           const em = services.orm.em.fork();
-          try {
-            // Contract 12 as for the API; a no-op unless ALLOW_UNVERIFIED_DOMAINS=false.
-            await assertSendingDomainAllowed(em, services.config, caller.organizationId, message.from);
-          } catch (error) {
-            if (error instanceof AppError && error.statusCode < 500) throw replies.notAllowed(error.message);
-            throw error;
-          }
+          // The API's one sending policy (contract 12); no query unless ALLOW_UNVERIFIED_DOMAINS=false.
+          const problem = await sendingPolicyProblem(em, services.config, caller.organizationId, message.from);
+          if (problem) throw replies.notAllowed(`From: ${problem}`);
           return storeSubmission(em, deps, caller.organizationId, message);
         })
         .then(

@@ -18,6 +18,7 @@ function fanOutDeps(ctx: JobContext): FanOutDeps {
     metrics: s.metrics,
     pageSize: s.config.campaignFanoutPage,
     now: s.clock,
+    policy: s.config,
   };
 }
 

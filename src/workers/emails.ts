@@ -3,7 +3,7 @@ import type { Services } from '../shared/container.js';
 import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
 import { HandoverFence } from '../shared/emails/handover.js';
 import { sendGateOf } from '../shared/outcomes/send-gate.js';
-import { purgeIdempotencyKeys, queueForSource, sendJob, type EmailQueueName } from '../shared/emails/service.js';
+import { purgeIdempotencyKeys, queueForSource, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
 export interface EmailProcessorOptions {
@@ -46,16 +46,37 @@ export function throttleDelay(throttled: number): number {
   return Math.round(ceiling / 2 + Math.random() * (ceiling / 2));
 }
 
-// `send-batch` expansions run one at a time in a process, in chunks: a campaign's fan-out
-// brings a hundred batches at once, and expanding them together would queue 100,000 job
+// `send-batch` expansions run a few at a time in a process, in chunks: a campaign's fan-out
+// brings a hundred batches at once, and expanding them all together would queue 100,000 job
 // additions on the producer's connection, whose commands time out after 3 s (then the
 // worker pauses as if Redis were down).
+//
+// Priorities (BullMQ serves its wait list first, then prioritized jobs, lowest number
+// first): single sends have none and overtake everything; the sends of an expanded batch
+// have EXPANDED_SEND_PRIORITY, ahead of the batches still to expand (SEND_BATCH_PRIORITY,
+// service.ts). A worker therefore expands the next batch only when the sends of the earlier
+// ones are out, instead of filling every concurrency slot with expansions (waiting on each
+// other) while the sends they made queue behind the remaining batches: a backlog of
+// 2,500 batches then delivered about 1 email in 20 until every batch was expanded.
 const EXPAND_CHUNK = 250;
-let expansions: Promise<unknown> = Promise.resolve();
-function oneAtATime<T>(task: () => Promise<T>): Promise<T> {
-  const run = expansions.then(task, task);
-  expansions = run.catch(() => {});
-  return run;
+const EXPAND_PARALLEL = 4;
+const EXPANDED_SEND_PRIORITY = 1;
+let expanding = 0;
+const expandWaiters: (() => void)[] = [];
+async function fewAtATime<T>(task: () => Promise<T>): Promise<T> {
+  while (expanding >= EXPAND_PARALLEL) await new Promise<void>((resolve) => expandWaiters.push(resolve));
+  expanding++;
+  try {
+    return await task();
+  } finally {
+    expanding--;
+    expandWaiters.shift()?.();
+  }
+}
+
+function expandedSendJob(emailId: string) {
+  const job = sendJob(emailId);
+  return { ...job, opts: { ...job.opts, priority: EXPANDED_SEND_PRIORITY } };
 }
 
 // One store (and its group commits) per process's services, made on first use.
@@ -114,9 +135,9 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
     handlers: {
       send,
       'send-batch': (payload, ctx) =>
-        oneAtATime(async () => {
+        fewAtATime(async () => {
           for (let i = 0; i < payload.emailIds.length; i += EXPAND_CHUNK) {
-            await ctx.services.producer.addBulk(queue, payload.emailIds.slice(i, i + EXPAND_CHUNK).map(sendJob));
+            await ctx.services.producer.addBulk(queue, payload.emailIds.slice(i, i + EXPAND_CHUNK).map(expandedSendJob));
           }
           return { enqueued: payload.emailIds.length };
         }),
@@ -126,8 +147,9 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
         if (interrupted > 0) ctx.log.warn({ interrupted }, 'failed emails interrupted mid hand-over');
         let afterId: string | undefined;
         let requeued = 0;
+        const createdBefore = await oldestUnexpandedBatch(ctx);
         for (;;) {
-          const page = await queuedEmailsPage(ctx.em, { graceMs, afterId, limit: RECONCILE_PAGE });
+          const page = await queuedEmailsPage(ctx.em, { graceMs, afterId, limit: RECONCILE_PAGE, createdBefore });
           if (page.length === 0) break;
           afterId = page[page.length - 1]!.id;
           requeued += await requeueMissing(ctx, page);
@@ -150,6 +172,26 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
       }
     },
   });
+}
+
+/**
+ * The emails of a `send-batch` job still waiting to be expanded have no job of their own
+ * yet: not missing. Without this bound, a backlog older than the grace period made the
+ * reconciler enqueue every one of them again (145,000 job additions in one run, measured by
+ * bench:backlog), which took the worker's time from sending. The bound is the creation of the
+ * oldest batch waiting in either email queue (its emails were committed just before it).
+ */
+async function oldestUnexpandedBatch(ctx: JobContext): Promise<Date | undefined> {
+  let oldest: number | undefined;
+  for (const name of ['emails', 'campaign-emails'] as const) {
+    const queue = ctx.services.producer.queue(name);
+    // BullMQ's score of a prioritized job: priority * 2^32 + a counter (FIFO within a priority).
+    const [id] = await ctx.services.redis.zrangebyscore(queue.keys.prioritized!, SEND_BATCH_PRIORITY * 2 ** 32, '+inf', 'LIMIT', 0, 1);
+    const timestamp = id ? Number(await ctx.services.redis.hget(queue.toKey(id), 'timestamp')) : NaN;
+    if (Number.isFinite(timestamp)) oldest = Math.min(oldest ?? timestamp, timestamp);
+  }
+  // A little slack: the rows' created_at comes from PostgreSQL's clock, the job's from Node's.
+  return oldest === undefined ? undefined : new Date(oldest - 5_000);
 }
 
 /** Enqueues the emails whose job is gone; a job that finished while its row is still queued is replaced. */

@@ -2,7 +2,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Services } from '../shared/container.js';
 import { dependencyStatus, downDependencies } from '../shared/dependencies.js';
-import { isOperator, OPERATOR_CHALLENGE } from '../shared/operator-auth.js';
+import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE } from '../shared/operator-auth.js';
 
 export interface MetricsServer {
   port: number;
@@ -11,7 +11,7 @@ export interface MetricsServer {
 
 /**
  * The HTTP side of a worker process (WORKER_METRICS_PORT), on HOST: `GET /metrics` (same
- * rule as the API: basic auth as admin when ADMIN_PASSWORD is set), `GET /healthz` and
+ * rule as the API: basic auth as admin when ADMIN_PASSWORD is set, loopback peers only when not), `GET /healthz` and
  * `GET /readyz` (503 while PostgreSQL or Redis is down or the workers are paused).
  * Workers never answer the API; this is all they serve.
  */
@@ -19,7 +19,7 @@ export async function startMetricsServer(services: Services, port: number, isPau
   const { metrics, config } = services;
   const json = (status: number, body: unknown) => ({ status, type: 'application/json', body: JSON.stringify(body) });
 
-  async function answer(method: string, url: string, authorization: string | undefined) {
+  async function answer(method: string, url: string, authorization: string | undefined, peer: string | undefined) {
     const path = url.split('?')[0];
     if (method !== 'GET' && method !== 'HEAD') return json(405, { name: 'method_not_allowed', message: 'GET only', statusCode: 405 });
     if (path === '/healthz') return json(200, { status: 'ok' });
@@ -31,16 +31,18 @@ export async function startMetricsServer(services: Services, port: number, isPau
       return json(503, { name: 'service_unavailable', message, statusCode: 503, checks });
     }
     if (path === '/metrics') {
-      if (config.adminPassword && !isOperator(authorization, config.adminPassword)) {
+      const access = metricsAccess(config, peer, authorization);
+      if (access === 'credentials') {
         return { ...json(401, { name: 'unauthorized', message: 'Operator credentials required', statusCode: 401 }), challenge: true };
       }
-      return { status: 200, type: metrics.registry.contentType, body: await metrics.registry.metrics() };
+      if (access === 'local-only') return json(403, { name: 'forbidden', message: METRICS_LOCAL_ONLY, statusCode: 403 });
+      return { status: 200, type: metrics.registry.contentType, body: await metrics.scrape() };
     }
     return json(404, { name: 'not_found', message: `No route ${method} ${path}`, statusCode: 404 });
   }
 
   const server: Server = createServer((request, response) => {
-    answer(request.method ?? 'GET', request.url ?? '/', request.headers.authorization).then(
+    answer(request.method ?? 'GET', request.url ?? '/', request.headers.authorization, request.socket.remoteAddress).then(
       (result) => {
         const headers: Record<string, string> = { 'content-type': result.type };
         if ('challenge' in result) headers['www-authenticate'] = OPERATOR_CHALLENGE;

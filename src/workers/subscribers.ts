@@ -1,3 +1,4 @@
+import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { createEmails, requestHash } from '../shared/emails/service.js';
 import { buildConfirmationEmail, confirmationToken, confirmationUrl } from '../shared/subscribers/confirmation.js';
 import type { SubscriberRow } from '../shared/subscribers/rows.js';
@@ -13,15 +14,24 @@ export interface ConfirmationMessage {
 }
 
 /**
- * The From of the organization's own mail: its oldest sender, else `no-reply@` the host of
- * PUBLIC_URL (docs/audience.md). Named after the organization either way.
+ * The From of the organization's own mail: its oldest sender that the sending policy allows
+ * (docs/security.md: never a domain the organization has not proven when
+ * ALLOW_UNVERIFIED_DOMAINS=false), else `no-reply@` the host of PUBLIC_URL, the service's
+ * own address (docs/audience.md). Named after the organization either way.
  */
 async function confirmationFrom(ctx: JobContext, organizationId: string, organizationName: string): Promise<string> {
-  const [sender] = (await ctx.em.execute('select email from senders where organization_id = ? order by created_at, id limit 1', [organizationId])) as Array<{
+  const senders = (await ctx.em.execute('select email from senders where organization_id = ? order by created_at, id limit 20', [organizationId])) as Array<{
     email: string;
   }>;
+  let allowed: string | undefined;
+  for (const sender of senders) {
+    if (!(await sendingPolicyProblem(ctx.em, ctx.services.config, organizationId, sender.email))) {
+      allowed = sender.email;
+      break;
+    }
+  }
   const host = new URL(ctx.services.config.publicUrl).hostname;
-  const address = sender?.email ?? `no-reply@${host.includes('.') ? host : `${host}.localdomain`}`;
+  const address = allowed ?? `no-reply@${host.includes('.') ? host : `${host}.localdomain`}`;
   // A display name is a quoted string: drop what would need escaping rather than escape it.
   const name = organizationName.replace(/["\\\r\n]/g, '').trim();
   return name ? `"${name}" <${address}>` : address;

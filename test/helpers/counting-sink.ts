@@ -14,7 +14,7 @@ export interface CountingSink {
   close(): Promise<void>;
 }
 
-export async function startCountingSink(): Promise<CountingSink> {
+export async function startCountingSink(options: { replyDelayMs?: number } = {}): Promise<CountingSink> {
   const sink: CountingSink = { url: '', received: new Map(), accepted: 0, close: async () => {} };
   const server = new SMTPServer({
     authOptional: true,
@@ -29,7 +29,9 @@ export async function startCountingSink(): Promise<CountingSink> {
         const id = /^Message-ID:\s*<([^>]+)>/im.exec(headers)?.[1] ?? '(none)';
         sink.received.set(id, (sink.received.get(id) ?? 0) + 1);
         sink.accepted++;
-        callback();
+        // The relay has the message once it read the final `.`; its answer may take a while.
+        if (options.replyDelayMs) setTimeout(callback, options.replyDelayMs);
+        else callback();
       });
     },
   });

@@ -34,7 +34,7 @@ ${table('Domains', ['Domain', 'Status', 'Senders', 'Added'], rows)}`;
   app.post('/app/domains', { schema: { hide: true } }, async (request, reply) => {
     const { caller } = signedIn(request, 'domains');
     const input = parseWith(CreateDomainBody, { domain: optional(formOf(request).domain) ?? '' });
-    const domain = await createDomain(request.em, services.box, caller.organizationId, mailHost, input, services.clock());
+    const domain = await createDomain(request.em, services.box, caller.organizationId, mailHost, input, services.clock(), services.config.maxDomainsPerOrganization);
     return reply.redirect(`/app/domains/${domain.id}?notice=created`, 303);
   });
 

@@ -52,7 +52,7 @@ export async function tokenPages(app: App, ctx: DashboardContext): Promise<void>
     const { caller, user } = signedIn(request, 'tokens');
     const input = parseWith(CreateForm, formOf(request));
     // A new token every time: the dashboard never shows an existing secret again.
-    const token = await createToken(request.em, services.box, caller, { name: input.name, preset: input.preset, reuseIfExists: false });
+    const token = await createToken(request.em, services.box, caller, { name: input.name, preset: input.preset, reuseIfExists: false }, services.config.maxTokensPerOrganization);
     await announce(caller.organizationId);
     const shown = html`<section aria-labelledby="new-token-h">
 <h2 id="new-token-h">Your new token "${token.name}"</h2>

@@ -1,9 +1,13 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { redisKey, type Services } from '../../shared/container.js';
+import type { Services } from '../../shared/container.js';
+import { WindowRateLimiter } from '../../shared/rate-limits/window.js';
+
+export type { RateDecision } from '../../shared/rate-limits/window.js';
 import { AppError, AuthenticationError, PermissionError } from '../../shared/errors.js';
 import { holds } from '../../shared/tokens/permissions.js';
 import { findTokenBySecret, type Caller } from '../../shared/tokens/service.js';
+import { isDispatched } from '../tools/dispatch.js';
 
 // A token is read from PostgreSQL at most once per this long per process, so the hot path
 // of an authenticated request costs one in-memory lookup (issue: auth >= 60% of /healthz).
@@ -16,27 +20,38 @@ interface CacheEntry {
   expiresAt: number;
 }
 
+/**
+ * Tokens read from PostgreSQL, kept apart by answer: valid tokens (30 s) and unknown
+ * secrets (2 s). Anyone can send well-formed random `svc_...` secrets; with one map they
+ * evicted the valid entries and every real request went back to the database. Unknown
+ * secrets now only evict each other.
+ */
 export class TokenCache {
-  private readonly entries = new Map<string, CacheEntry>();
+  private readonly valid = new Map<string, CacheEntry>();
+  private readonly unknown = new Map<string, CacheEntry>();
 
   get(secret: string, now: number): CacheEntry | undefined {
-    const entry = this.entries.get(secret);
-    if (entry && entry.expiresAt > now) return entry;
-    if (entry) this.entries.delete(secret);
+    for (const entries of [this.valid, this.unknown]) {
+      const entry = entries.get(secret);
+      if (entry && entry.expiresAt > now) return entry;
+      if (entry) entries.delete(secret);
+    }
     return undefined;
   }
 
   set(secret: string, caller: Caller | null, now: number): void {
-    if (this.entries.size >= CACHE_MAX) {
+    const entries = caller ? this.valid : this.unknown;
+    if (entries.size >= CACHE_MAX) {
       // Maps iterate in insertion order: drop the oldest entry.
-      const oldest = this.entries.keys().next().value;
-      if (oldest !== undefined) this.entries.delete(oldest);
+      const oldest = entries.keys().next().value;
+      if (oldest !== undefined) entries.delete(oldest);
     }
-    this.entries.set(secret, { caller, expiresAt: now + (caller ? CACHE_TTL_MS : NEGATIVE_TTL_MS) });
+    entries.set(secret, { caller, expiresAt: now + (caller ? CACHE_TTL_MS : NEGATIVE_TTL_MS) });
   }
 
   clear(): void {
-    this.entries.clear();
+    this.valid.clear();
+    this.unknown.clear();
   }
 }
 
@@ -69,86 +84,10 @@ export async function authenticate(services: Services, cache: TokenCache, reques
   return caller;
 }
 
-// A process reserves at most this share of what is left of a token's window per Redis
-// round trip, and at most LEASE_MAX requests (see RateLimiter).
-const LEASE_FRACTION = 0.1;
-const LEASE_MAX = 100;
-
-interface RateWindow {
-  second: number;
-  /** Requests of this window reserved in Redis by this process, and spent of them. */
-  granted: number;
-  used: number;
-  /** The window's count in Redis (every process) after this process's last reservation. */
-  total: number;
-  /** The limit is reached: refuse without asking Redis until the next second. */
-  full: boolean;
-  pending?: Promise<void>;
-}
-
-export interface RateDecision {
-  allowed: boolean;
-  limit: number;
-  remaining: number;
-  resetSeconds: number;
-}
-
-/**
- * Per-token fixed one-second window in Redis, shared by every API process (contract 5).
- *
- * Asking Redis on every request made the rate limit the main cost of an authenticated
- * request (bench/README.md). Instead a process reserves several requests of the window at
- * once (INCRBY n, one round trip shared by the concurrent requests of that token) and
- * spends them locally. n is at most a tenth of what is left of the limit, so a small limit
- * (and the last tenth of any limit) is still counted request by request, exactly. With
- * several processes a token can only be refused slightly early, never late: another
- * process may hold an unspent part of its reservation.
- */
-export class RateLimiter {
-  private readonly windows = new Map<string, RateWindow>();
-  private sweptAt = 0;
-
-  constructor(private readonly services: Services) {}
-
-  async take(tokenId: string, nowMs = Date.now()): Promise<RateDecision> {
-    const limit = this.services.config.rateLimitPerSecond;
-    const second = Math.floor(nowMs / 1000);
-    const resetSeconds = Math.max(1, Math.ceil(((second + 1) * 1000 - nowMs) / 1000));
-    if (second !== this.sweptAt) this.sweep(second);
-    let window = this.windows.get(tokenId);
-    if (!window || window.second !== second) {
-      window = { second, granted: 0, used: 0, total: 0, full: false };
-      this.windows.set(tokenId, window);
-    }
-    while (window.used >= window.granted) {
-      if (window.full) return { allowed: false, limit, remaining: 0, resetSeconds };
-      const current = window;
-      current.pending ??= this.reserve(tokenId, current, limit).finally(() => {
-        current.pending = undefined;
-      });
-      await current.pending;
-    }
-    window.used += 1;
-    const spentEverywhere = window.total - (window.granted - window.used);
-    return { allowed: true, limit, remaining: Math.max(0, limit - spentEverywhere), resetSeconds };
-  }
-
-  private async reserve(tokenId: string, window: RateWindow, limit: number): Promise<void> {
-    const wanted = Math.max(1, Math.min(LEASE_MAX, Math.floor((limit - window.total) * LEASE_FRACTION)));
-    const key = redisKey(this.services.config, 'rl', tokenId, String(window.second));
-    const result = await this.services.redis.multi().incrby(key, wanted).expire(key, 2).exec();
-    if (result?.[0]?.[0]) throw result[0][0];
-    const total = Number(result?.[0]?.[1] ?? 0);
-    const granted = Math.max(0, Math.min(wanted, limit - (total - wanted)));
-    window.granted += granted;
-    window.total = total;
-    if (total >= limit) window.full = true;
-  }
-
-  /** Forgets the windows of past seconds, once a second. */
-  private sweep(second: number): void {
-    for (const [tokenId, window] of this.windows) if (window.second < second) this.windows.delete(tokenId);
-    this.sweptAt = second;
+/** The per-token limiter (contract 5): RATE_LIMIT_PER_SECOND per token, shared by every API process. */
+export class RateLimiter extends WindowRateLimiter {
+  constructor(services: Pick<Services, 'redis' | 'config'>) {
+    super(services, { scope: 'rl', limit: services.config.rateLimitPerSecond });
   }
 }
 
@@ -167,10 +106,28 @@ export async function rateLimit(limiter: RateLimiter, caller: Caller, reply: Fas
   }
 }
 
-/** onRequest hook of every authenticated scope: token, then rate limit, then permission. */
+/**
+ * One request of the caller's organization against RATE_LIMIT_ORG_PER_SECOND. Counted once
+ * per request that reaches the service from outside: by the v2 hook, and by the layers that
+ * dispatch (tools, MCP, v1) before they dispatch, so a call they refuse themselves counts
+ * too; the v2 request they dispatch is not counted again (isDispatched).
+ */
+export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, caller: Caller, reply: FastifyReply): Promise<void> {
+  const decision = await services.orgLimiter.take(caller.organizationId);
+  if (decision.allowed) return;
+  void reply.header('Retry-After', String(decision.resetSeconds));
+  throw new AppError(
+    429,
+    'rate_limit_exceeded',
+    `More than ${decision.limit} requests a second for this organization; retry after ${decision.resetSeconds} s`,
+  );
+}
+
+/** onRequest hook of every authenticated scope: token, then rate limits, then permission. */
 export function authHook(services: Services, cache: TokenCache, limiter: RateLimiter) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     request.caller = await authenticate(services, cache, request);
+    if (!isDispatched(request)) await limitOrganization(services, request.caller, reply);
     await rateLimit(limiter, request.caller, reply);
     const permission = request.routeOptions.config?.permission;
     if (permission && !holds(request.caller.permissions, permission)) {

@@ -1,14 +1,16 @@
 import type { App } from '../types.js';
-import { basicAuthGuard } from './admin.js';
+import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE, OPERATOR_USER } from '../../shared/operator-auth.js';
+import { errorBody } from './errors.js';
 
 /**
  * HTTP metrics of every route (recorded in onResponse, labelled by the route pattern, never
  * the raw URL, so ids in paths do not multiply series) and `GET /metrics` in Prometheus text.
  * Called on the root app before any route is registered.
  *
- * `/metrics` is open while ADMIN_PASSWORD is unset and asks the same basic auth as the
- * dashboard when it is set: the API port is the public one, and the figures (volumes, queue
- * depths) are the operator's business (docs/operations.md).
+ * `/metrics` asks the same basic auth as the dashboard when ADMIN_PASSWORD is set, and is
+ * answered to loopback peers only while it is unset: the API port is the public one, and
+ * the figures (volumes, queue depths) are the operator's business (docs/operations.md,
+ * docs/security.md). Concurrent scrapes share one collection (metrics.scrape).
  */
 export function registerMetrics(app: App): void {
   const { metrics, config } = app.services;
@@ -28,10 +30,20 @@ export function registerMetrics(app: App): void {
     '/metrics',
     {
       schema: { hide: true },
-      ...(config.adminPassword ? { onRequest: basicAuthGuard(config.adminPassword) } : {}),
+      onRequest: async (request, reply) => {
+        const access = metricsAccess(config, request.socket.remoteAddress, request.headers.authorization);
+        if (access === 'credentials') {
+          await reply
+            .code(401)
+            .header('WWW-Authenticate', OPERATOR_CHALLENGE)
+            .send(errorBody(401, 'unauthorized', `Operator credentials required (HTTP basic auth as "${OPERATOR_USER}")`));
+        } else if (access === 'local-only') {
+          await reply.code(403).send(errorBody(403, 'forbidden', METRICS_LOCAL_ONLY));
+        }
+      },
     },
     async (_request, reply) => {
-      const body = await metrics.registry.metrics();
+      const body = await metrics.scrape();
       return reply.header('content-type', metrics.registry.contentType).send(body);
     },
   );

@@ -96,7 +96,7 @@ export const SendBody = z.strictObject({
 const tags = ['campaigns'];
 
 export async function campaignsRoutes(app: App): Promise<void> {
-  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl, metrics: app.services.metrics });
+  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl, metrics: app.services.metrics, render: app.services.render, config: app.services.config, redis: app.services.redis });
 
   app.post(
     '/campaigns',
@@ -237,7 +237,8 @@ export async function campaignsRoutes(app: App): Promise<void> {
   app.post(
     '/campaigns/:campaignId/test',
     {
-      config: { permission: 'campaigns' },
+      // A test send mails any address with the tenant's content: a send path (docs/security.md).
+      config: { permission: 'send' },
       schema: {
         tags,
         summary: 'Send one test email of the campaign',
@@ -247,7 +248,7 @@ export async function campaignsRoutes(app: App): Promise<void> {
       },
     },
     async (request) => {
-      const { id } = await sendTestEmail(request.em, deps(), request.caller.organizationId, request.params.campaignId, request.body.to);
+      const { id } = await sendTestEmail(request.em, deps(), request.caller.organizationId, request.params.campaignId, request.body.to, app.services.clock());
       return { id, object: 'email' as const };
     },
   );

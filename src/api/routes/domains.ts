@@ -94,7 +94,15 @@ export async function domainsRoutes(app: App): Promise<void> {
       schema: { tags: ['domains'], summary: 'Add a sending domain', body: CreateDomainBody, response: { 200: DomainGet } },
     },
     async (request) => {
-      const domain = await createDomain(request.em, app.services.box, request.caller.organizationId, mailHost, request.body, app.services.clock());
+      const domain = await createDomain(
+        request.em,
+        app.services.box,
+        request.caller.organizationId,
+        mailHost,
+        request.body,
+        app.services.clock(),
+        app.services.config.maxDomainsPerOrganization,
+      );
       return presentDomain(domain);
     },
   );

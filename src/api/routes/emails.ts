@@ -1,7 +1,7 @@
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Email } from '../../shared/db/entities/email.js';
-import { assertSendingDomainAllowed } from '../../shared/domains/dkim.js';
+import { assertSendingAllowed } from '../../shared/domains/sending-policy.js';
 import { SendEmailBody, newEmailFromBody } from '../../shared/emails/input.js';
 import { LAST_EVENTS, lastEvent } from '../../shared/emails/last-event.js';
 import { createEmails, EmailWriter, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
@@ -95,7 +95,7 @@ export async function emailsRoutes(app: App): Promise<void> {
     async (request) => {
       const email = newEmailFromBody(request.caller.organizationId, request.body);
       // Contract 12; a no-op (no query) unless ALLOW_UNVERIFIED_DOMAINS=false.
-      await assertSendingDomainAllowed(request.em, app.services.config, email.organizationId, email.from);
+      await assertSendingAllowed(request.em, app.services.config, email.organizationId, email.from);
       const key = request.headers['idempotency-key'];
       if (key === undefined) return { id: await writer.write(email) };
       const { ids } = await createEmails(request.em, deps, [email], { idempotency: idempotency(request, key, 'POST /emails') });
@@ -119,7 +119,7 @@ export async function emailsRoutes(app: App): Promise<void> {
     async (request) => {
       const organizationId = request.caller.organizationId;
       for (const [index, body] of request.body.entries()) {
-        await assertSendingDomainAllowed(request.em, app.services.config, organizationId, body.from, `${index}.from`);
+        await assertSendingAllowed(request.em, app.services.config, organizationId, body.from, `${index}.from`);
       }
       const { ids } = await createEmails(
         request.em,

@@ -47,7 +47,7 @@ export async function tokensRoutes(app: App): Promise<void> {
       schema: { tags: ['tokens'], summary: 'Create an API token', body: CreateTokenBody, response: { 200: CreatedToken } },
     },
     async (request) => {
-      const token = await createToken(request.em, app.services.box, request.caller, request.body);
+      const token = await createToken(request.em, app.services.box, request.caller, request.body, app.services.config.maxTokensPerOrganization);
       if (!token.reused) await listCache.changed(request.caller.organizationId);
       return { ...token, createdAt: iso(token.createdAt) };
     },

@@ -83,11 +83,18 @@ export async function trackingRoutes(app: App): Promise<void> {
 }
 
 const SIGNATURE = /^sha256=([0-9a-f]{64})$/i;
+// Replay window of a timestamped event (docs/security.md).
+const WEBHOOK_MAX_AGE_S = 600;
 
 /**
  * Contract 11: `POST /webhooks/provider`, authenticated by `X-Mailroom-Signature:
  * sha256=HEX`, the HMAC-SHA256 of the raw body under PROVIDER_WEBHOOK_SECRET (compared in
  * constant time). The signature is checked before the body is validated: 401, then 422.
+ *
+ * Optional `X-Mailroom-Timestamp: <Unix seconds>`: the signature is then over
+ * `<timestamp>.<raw body>`, and an event more than 10 minutes from now is refused (401),
+ * so a captured request cannot be replayed later. Without the header the format is
+ * unchanged (signature over the body alone).
  */
 export async function providerWebhookRoutes(app: App): Promise<void> {
   const raw = new WeakMap<FastifyRequest, Buffer>();
@@ -116,9 +123,18 @@ export async function providerWebhookRoutes(app: App): Promise<void> {
         const header = request.headers['x-mailroom-signature'];
         const match = typeof header === 'string' ? SIGNATURE.exec(header.trim()) : null;
         const body = raw.get(request) ?? Buffer.alloc(0);
-        const expected = secret ? createHmac('sha256', secret).update(body).digest('hex') : undefined;
+        const stamp = request.headers['x-mailroom-timestamp'];
+        if (stamp !== undefined && (typeof stamp !== 'string' || !/^\d{1,12}$/.test(stamp.trim()))) {
+          throw new AppError(401, 'invalid_signature', 'X-Mailroom-Timestamp must be Unix seconds');
+        }
+        const hmac = secret ? createHmac('sha256', secret) : undefined;
+        if (hmac && stamp !== undefined) hmac.update(`${stamp.trim()}.`);
+        const expected = hmac?.update(body).digest('hex');
         if (!expected || !match || !safeEqual(match[1]!.toLowerCase(), expected)) {
           throw new AppError(401, 'invalid_signature', 'Missing or invalid X-Mailroom-Signature');
+        }
+        if (stamp !== undefined && Math.abs(app.services.clock().getTime() / 1000 - Number(stamp.trim())) > WEBHOOK_MAX_AGE_S) {
+          throw new AppError(401, 'invalid_signature', 'The event is more than 10 minutes old (X-Mailroom-Timestamp): refused as a possible replay');
         }
       },
     },

@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../../shared/container.js';
-import { authenticate, rateLimit, type RateLimiter, type TokenCache } from '../plugins/auth.js';
+import { authenticate, limitOrganization, rateLimit, type RateLimiter, type TokenCache } from '../plugins/auth.js';
 
 /**
  * onRequest hook of the layers that dispatch v2 requests in-process (tool runner, MCP, v1):
@@ -8,10 +8,13 @@ import { authenticate, rateLimit, type RateLimiter, type TokenCache } from '../p
  * request is not counted against the rate limit here, because every endpoint request it
  * dispatches is counted by the endpoint itself: one tool call or one v1 call is one request.
  * Pass `counted: true` for routes of these layers that dispatch nothing (the tool list).
+ * The organization's limit is counted here for every request, before anything is
+ * dispatched, so a call refused by the layer itself (bad arguments) costs the same.
  */
 export function callerHook(services: Services, cache: TokenCache, limiter: RateLimiter, options: { counted: boolean }) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     request.caller = await authenticate(services, cache, request);
+    await limitOrganization(services, request.caller, reply);
     if (options.counted) await rateLimit(limiter, request.caller, reply);
   };
 }

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { FastifyRequest } from 'fastify';
 import { errorBody } from '../plugins/errors.js';
 import type { App } from '../types.js';
@@ -28,6 +29,18 @@ export interface EndpointResponse {
   headers: Record<string, string>;
 }
 
+/**
+ * Marks the requests this process dispatches, so the organization's rate limit counts the
+ * outer request only (auth.ts limitOrganization). A random value of this process: a client
+ * cannot send it, and dispatch never forwards a client's value of it.
+ */
+const DISPATCH_HEADER = 'x-mailroom-dispatch';
+const DISPATCH_MARK = randomBytes(16).toString('hex');
+
+export function isDispatched(request: FastifyRequest): boolean {
+  return request.headers[DISPATCH_HEADER] === DISPATCH_MARK;
+}
+
 // Response headers a caller of the outer layer still needs (rate limit, retry hints).
 const FORWARDED_HEADERS = ['retry-after', 'ratelimit-limit', 'ratelimit-remaining', 'ratelimit-reset'];
 
@@ -49,6 +62,7 @@ export async function dispatch(app: App, from: FastifyRequest, target: EndpointR
   }
   // Set last, whatever the target asked for: the endpoint runs as the caller, and only as the caller.
   headers['x-request-id'] = from.id;
+  headers[DISPATCH_HEADER] = DISPATCH_MARK;
   if (from.headers.authorization) headers.authorization = from.headers.authorization;
   if (target.body !== undefined) headers['content-type'] = 'application/json';
   const query: Record<string, string> = {};

@@ -1,6 +1,6 @@
 import { Marked, type Token } from 'marked';
 import type { CampaignContentType } from '../db/entities/campaign.js';
-import { inlineStyles, layout, markdownToHtml, renderEmail } from '../emails/render.js';
+import { assertContentSize, inlineStyles, layout, markdownToHtml, renderChecked } from '../emails/render.js';
 import { UNSUBSCRIBE_TARGET } from './html.js';
 import { mailyHasUnsubscribeLink, mailyProblem, mailyToHtml } from './maily.js';
 import { plateHasUnsubscribeLink, plateProblem, plateToHtml } from './plate.js';
@@ -65,8 +65,10 @@ export interface CampaignTemplate {
 
 /** The whole message with placeholders left in: rendered once per campaign. */
 export function renderCampaignTemplate(campaign: { contentType: CampaignContentType; content: unknown; subject: string; preview: string | null }): CampaignTemplate {
+  // The source is what is capped: its HTML may be longer (escaped characters, the layout).
+  assertContentSize(typeof campaign.content === 'string' ? campaign.content : JSON.stringify(campaign.content ?? null));
   const body = contentBodyHtml(campaign.contentType, campaign.content);
   const html = layout(inlineStyles(body), campaign.subject, campaign.preview);
-  const rendered = renderEmail({ contentKind: 'html', content: html, subject: campaign.subject });
+  const rendered = renderChecked({ contentKind: 'html', content: html, subject: campaign.subject });
   return { subject: campaign.subject, html: rendered.html, text: rendered.text };
 }

@@ -9,6 +9,7 @@ import { renderCampaignTemplate } from './content.js';
 import { recipientWhere } from './filters.js';
 import { CAMPAIGN_JOB_OPTIONS, formatFrom } from './service.js';
 import { assertTransition } from './state.js';
+import { sendingPolicyProblem, type PolicyConfig } from '../domains/sending-policy.js';
 
 /**
  * The fan-out of a campaign (contract 8), resumable (STYLE 10). The campaign's message is
@@ -30,6 +31,8 @@ export interface FanOutDeps {
   metrics?: Metrics;
   pageSize: number;
   now: () => Date;
+  /** The sending policy, checked again when the fan-out starts (a domain may have lost its verification). */
+  policy: PolicyConfig;
 }
 
 interface CampaignRow {
@@ -93,10 +96,11 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
     [campaign.sender_id ?? '', campaign.organization_id],
     'all',
   );
-  if (!sender) {
+  const refused = sender ? await sendingPolicyProblem(em, deps.policy, campaign.organization_id, sender.email) : 'its sender no longer exists';
+  if (!sender || refused) {
     await setStatus(em, campaignId, 'SENDING', 'FAILED', ', finished_at = now()');
     deps.metrics?.campaignsFinished.inc({ status: 'failed' });
-    deps.logger.warn({ campaignId }, 'campaign failed: its sender no longer exists');
+    deps.logger.warn({ campaignId, reason: refused }, 'campaign failed: its sender may not send');
     return 'failed-no-sender';
   }
   if (!(await saveTemplate(em, campaign))) return 'gone';

@@ -8,7 +8,11 @@ import { isId, newId } from '../ids.js';
 import type { Logger } from '../logger.js';
 import type { Metrics } from '../metrics.js';
 import type { QueueProducer } from '../queues/producer.js';
-import { hasUnsubscribeLink, normalizeContent, renderCampaignTemplate } from './content.js';
+import type { Redis } from 'ioredis';
+import type { Config } from '../config.js';
+import { assertSendingAllowed, takeTestSend, type PolicyConfig } from '../domains/sending-policy.js';
+import type { RenderPool } from '../emails/render-pool.js';
+import { hasUnsubscribeLink, normalizeContent } from './content.js';
 import { countRecipients } from './filters.js';
 import { fillHtml, fillSubject, fillText, variablesOf } from './personalize.js';
 import { assertTransition } from './state.js';
@@ -219,7 +223,7 @@ export interface Scheduled {
 /** Spec 4.11: DRAFT -> SCHEDULED with recipientCount frozen; the delayed job is enqueued after commit. */
 export async function scheduleCampaign(
   em: EntityManager,
-  deps: { producer: QueueProducer; logger?: Logger },
+  deps: { producer: QueueProducer; logger?: Logger; config: PolicyConfig },
   organizationId: string,
   id: string,
   input: ScheduleInput,
@@ -234,6 +238,8 @@ export async function scheduleCampaign(
   if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
   await checkSender(em, organizationId, campaign.senderId, 400);
+  const sender = await senderOf(em, organizationId, campaign.senderId);
+  await assertSendingAllowed(em, deps.config, organizationId, sender!.email, 'senderId', 400);
   if (!campaign.subject.trim()) throw v400('subject', 'the campaign has no subject');
   if (!hasUnsubscribeLink(campaign.contentType, campaign.content)) {
     throw v400('content', 'the content has no unsubscribe link: add a link whose target is {{unsubscribe_url}}');
@@ -276,19 +282,24 @@ export function formatFrom(sender: { name: string; email: string }): string {
 /** Contract 8: one test email (source `test`), personalised for the test address. */
 export async function sendTestEmail(
   em: EntityManager,
-  deps: { producer: QueueProducer; logger?: Logger; publicUrl: string; metrics?: Metrics },
+  deps: { producer: QueueProducer; logger?: Logger; publicUrl: string; metrics?: Metrics; render: RenderPool; config: Config; redis: Redis },
   organizationId: string,
   id: string,
   to: string,
+  now: Date,
 ): Promise<{ id: string }> {
   const campaign = await findCampaign(em, organizationId, id);
   const sender = await senderOf(em, organizationId, campaign.senderId);
   if (!sender) throw new ValidationError('senderId: the campaign has no sender; set senderId first', [{ path: 'senderId', message: 'no sender' }]);
+  await assertSendingAllowed(em, deps.config, organizationId, sender.email, 'senderId');
+  // Counted once the request is valid, before anything is rendered or written.
+  await takeTestSend(deps.redis, deps.config, organizationId, now);
   // A test goes to an address that is not a subscriber: its unsubscribe link leads to a
   // page that says the link is not valid, which is what a tester should see.
   const lookup = variablesOf({ id: '', email: to, name: null, fields: {} }, `${deps.publicUrl}/u/test`);
-  // Test sends are rare and interactive: rendered here, the emails pipeline sends the HTML.
-  const template = renderCampaignTemplate(campaign);
+  // Test sends are rare and interactive: rendered now (in a render thread, never on the
+  // API's event loop), the emails pipeline sends the HTML.
+  const template = await deps.render.campaign(campaign);
   const { ids } = await createEmails(em, deps, [
     {
       organizationId,

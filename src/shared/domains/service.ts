@@ -58,18 +58,32 @@ export async function createDomain(
   mailHost: string,
   input: CreateDomainInput,
   now = new Date(),
+  /** MAX_DOMAINS_PER_ORGANIZATION: each new domain costs an RSA key generation. */
+  maxDomains = Number.POSITIVE_INFINITY,
 ): Promise<Domain> {
   const hostname = parseHostnameOrThrow(input.domain);
   const duplicate = () =>
     new ValidationError(`domain: ${hostname} already exists in this organization`, [{ path: 'domain', message: 'already exists' }]);
   if (await em.count(Domain, { organizationId, domain: hostname })) throw duplicate();
+  const tooMany = (count: number) =>
+    new ValidationError(`domain: this organization has ${count} domains, the most allowed (MAX_DOMAINS_PER_ORGANIZATION); delete one first`, [
+      { path: 'domain', message: 'too many domains in this organization' },
+    ]);
+  // Checked before the key is generated (the costly part), and again under a lock below.
+  const existing = Number.isFinite(maxDomains) ? await em.count(Domain, { organizationId }) : 0;
+  if (existing >= maxDomains) throw tooMany(existing);
   // Key generation (tens of ms) happens before the transaction, never inside it.
   const keys = await generateDkimKeyPair();
   const id = newId('dom');
   const selector = selectorFor(id);
   try {
-    return await em.transactional(async (tx) =>
-      tx.create(Domain, {
+    return await em.transactional(async (tx) => {
+      if (Number.isFinite(maxDomains)) {
+        await tx.execute('select pg_advisory_xact_lock(hashtextextended(?, 0))', [`domain-cap:${organizationId}`]);
+        const count = await tx.count(Domain, { organizationId });
+        if (count >= maxDomains) throw tooMany(count);
+      }
+      return tx.create(Domain, {
         id,
         organizationId,
         domain: hostname,
@@ -86,8 +100,8 @@ export async function createDomain(
         verifiedAt: null,
         createdAt: now,
         updatedAt: now,
-      }),
-    );
+      });
+    });
   } catch (error) {
     // Two concurrent creates of one hostname: the unique constraint decides.
     if (error instanceof UniqueConstraintViolationException) throw duplicate();

@@ -84,6 +84,15 @@ const CAMPAIGN_JOINS = (alias: string) => `
   left join campaign_templates t on ${alias}.content_kind = 'campaign' and t.campaign_id = ${alias}.campaign_id
   left join subscribers s on ${alias}.content_kind = 'campaign' and s.id = ${alias}.subscriber_id`;
 export const SUPPRESSED_REASON = 'suppressed';
+/**
+ * The reason of an email whose final `.` reached the provider but whose answer was never
+ * read (its worker died, or the connection dropped): the provider may or may not have it.
+ * Never retried, so that it is never sent twice; an operator can list them by this reason.
+ */
+export const UNCERTAIN_REASON = 'uncertain: handed to the provider but its answer was never read; not retried so that it is never sent twice';
+// The fence's answer before the final `.` must come well within the send job's lock
+// (10 s, renewed every 5 s), so that no other worker can have taken the email over.
+const PREPARE_MAX_MS = 2_000;
 const UNSUBSCRIBED_REASON = 'recipient no longer subscribed';
 
 // The statements of the send path. Each is prepared once per connection (named): no parse
@@ -123,7 +132,8 @@ const SENT_SQL = `
       message_id = v.message_id, provider_message_id = v.provider_message_id, html = v.html, text = v.text, subject = coalesce(v.subject, e.subject),
       sent_at = now(), failure_reason = null, updated_at = now()
     from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, provider_message_id text, html text, text text, subject text, delivered boolean)
-    where e.id = any(?::text[]) and e.id = v.id and e.status = 'sending'
+    where e.id = any(?::text[]) and e.id = v.id
+      and (e.status = 'sending' or (e.status = 'failed' and e.failure_reason = '${UNCERTAIN_REASON}'))
     returning e.campaign_id, e.source)
   update campaigns c set emails_sent_count = c.emails_sent_count + s.n
   from (select campaign_id, count(*)::int as n from sent where source = 'campaign' and campaign_id is not null group by campaign_id) s
@@ -291,10 +301,13 @@ export async function deliverEmail(
         options.log?.info({ emailId }, 'recorded the send of an email a dead worker had handed over');
         return { outcome: delivered ? 'delivered' : 'sent', messageId };
       }
-      // `dot:`: the provider may or may not have it (never sent again: the reconciler fails
-      // it after the lease); `reclaim:`: another worker took it over.
-      options.log?.warn({ emailId, fence: taken.current.split(':')[0] }, 'email claimed by another worker; not sent again');
-      return { outcome: 'skipped', status };
+      // `dot:`: the final `.` was written and the answer never read: the provider may or may
+      // not have it. Never sent again; failed at once with a reason of its own, so that an
+      // operator can find these few (and a late answer of a worker that only stalled still
+      // records it sent).
+      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [UNCERTAIN_REASON]);
+      options.log?.warn({ emailId, fence: taken.current.split(':')[0] }, 'email handed over by a dead worker without an answer; failed as uncertain, not sent again');
+      return { outcome: 'failed', reason: UNCERTAIN_REASON };
     }
     expected = taken.token;
     row = await store.reclaim(emailId);
@@ -317,8 +330,13 @@ export async function deliverEmail(
   const messageId = `${row.id}@${fromDomain}`;
   const fence = store.fence;
   let fenceLost = false;
+  let fenceSlow = false;
   let fenceError: unknown;
-  let committed = false;
+  // The `pre:` value of the fence once this worker may commit, and whether the final `.`
+  // was released to the socket (the precise point after which the provider may have it).
+  let prepared: string | undefined;
+  let dotWritten = false;
+  let acceptance: Promise<unknown> | undefined;
   let delivered: boolean;
   let response: string | undefined;
   try {
@@ -343,24 +361,47 @@ export async function deliverEmail(
       submitted,
       beforeCommit: fence
         ? async () => {
-            let owned: boolean;
+            const asked = performance.now();
             try {
-              owned = await fence.commit(emailId, expected);
+              prepared = await fence.prepare(emailId, expected);
             } catch (error) {
               fenceError = error;
               throw error;
             }
-            if (!owned) {
+            if (!prepared) {
               fenceLost = true;
               throw new FenceLostError(emailId);
             }
-            committed = true;
+            // The answer came so late that this job's lock may have expired meanwhile (the
+            // event loop stalled): another worker may be about to take the email over, so
+            // the `.` is not written (the DATA is aborted and the email given back).
+            if (performance.now() - asked > PREPARE_MAX_MS) {
+              fenceSlow = true;
+              throw new Error('the hand-over fence answered too late; not committed');
+            }
           }
         : undefined,
+      onCommit: fence
+        ? () => {
+            dotWritten = true;
+            void fence.dot(emailId, prepared!).catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the final dot in the fence'));
+          }
+        : () => {
+            dotWritten = true;
+          },
+      // Recorded in Redis in the turn that read the answer, so that a worker dying before the
+      // group-committed status write leaves an email the next run records instead of failing.
+      onAccepted: fence ? () => (acceptance = fence.accepted(emailId, messageId)) : undefined,
     }));
   } catch (error) {
     // Another worker took the email over while this one was slow: it sends it, not us.
     if (fenceLost) return { outcome: 'skipped', status: 'sending' };
+    if (fenceSlow) {
+      // Still ours (nobody took it over): given back and retried; else the other worker sends it.
+      if (!(await fence!.release(emailId, prepared!))) return { outcome: 'skipped', status: 'sending' };
+      await store.finish(emailId, `status = 'queued'`, []);
+      throw new RetryLaterError('the hand-over fence answered too late', false);
+    }
     if (fenceError !== undefined) {
       // Redis did not answer before the final `.`: nothing was handed over. The claim is
       // released and Redis's error rethrown, so the runner puts the job back without
@@ -369,12 +410,12 @@ export async function deliverEmail(
       throw fenceError;
     }
     const { kind, reason } = classifySendError(error);
-    if (committed && typeof (error as { responseCode?: unknown }).responseCode !== 'number') {
+    if (dotWritten && typeof (error as { responseCode?: unknown }).responseCode !== 'number') {
       // The final `.` went out but no answer came back (connection lost, timeout): the
-      // provider may have the message. Failed rather than risk sending it twice.
-      const ambiguous = `connection lost after the message was handed over (${reason}); not retried so that it is never sent twice`.slice(0, 1000);
-      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [ambiguous]);
-      return { outcome: 'failed', reason: ambiguous };
+      // provider may have the message. Failed as uncertain rather than risk sending it twice.
+      const uncertain = `${UNCERTAIN_REASON} (${reason})`.slice(0, 1000);
+      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [uncertain]);
+      return { outcome: 'failed', reason: uncertain };
     }
     if (kind === 'permanent' || (kind === 'transient' && options.finalAttempt)) {
       await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
@@ -387,9 +428,7 @@ export async function deliverEmail(
     throw new RetryLaterError(reason, kind === 'throttle');
   }
 
-  // Recorded in Redis at once (one round trip), so that a worker dying before the
-  // group-committed status write leaves an email the next run records instead of failing.
-  await fence?.accepted(emailId, messageId).catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
+  await (acceptance ?? fence?.accepted(emailId, messageId))?.catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
   await recordSent(store, { ...sentRecord(emailId, messageId, row, rendered, delivered), provider_message_id: relayMessageId(response) }, options.log);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
 }
@@ -422,8 +461,11 @@ async function recordSent(store: DeliveryStore, record: SentRecord, log?: Logger
 
 /**
  * Reconciler, part 1: rows claimed (`sending`) longer ago than `leaseMs` were interrupted
- * mid hand-over (the worker died and its job is gone too). Those the fence says the
- * provider accepted are recorded sent; the others are failed rather than risk a duplicate.
+ * mid hand-over and their job is gone too (a dead worker's job normally comes back within
+ * seconds and settles the email itself). By the fence: `accepted:` is recorded sent (its
+ * campaign counted); `pre:` or `reclaim:` (the `.` never written) goes back to `queued`, to be
+ * enqueued again; `dot:` is failed as uncertain; no key at all (Redis lost it) is failed
+ * rather than risk a duplicate.
  */
 export async function failInterruptedEmails(em: EntityManager, leaseMs: number, fence?: HandoverFence): Promise<number> {
   const stale = await em.execute<{ id: string }[]>(
@@ -433,40 +475,63 @@ export async function failInterruptedEmails(em: EntityManager, leaseMs: number, 
   );
   if (stale.length === 0) return 0;
   const markers = fence ? await fence.readMany(stale.map((r) => r.id)) : [];
-  const accepted = stale.flatMap((r, i) => (markers[i]?.startsWith('accepted:') ? [{ id: r.id, message_id: markers[i]!.slice('accepted:'.length) }] : []));
+  const accepted: { id: string; message_id: string }[] = [];
+  const requeue: string[] = [];
+  const uncertain: string[] = [];
+  const rest: string[] = [];
+  stale.forEach((r, i) => {
+    const marker = markers[i] ?? '';
+    if (marker.startsWith('accepted:')) accepted.push({ id: r.id, message_id: marker.slice('accepted:'.length) });
+    else if (marker.startsWith('pre:') || marker.startsWith('reclaim:')) requeue.push(r.id);
+    else if (marker.startsWith('dot:')) uncertain.push(r.id);
+    else rest.push(r.id);
+  });
   if (accepted.length > 0) {
     await em.execute(
-      `update emails e set status = 'sent', message_id = v.message_id, sent_at = now(), failure_reason = null, updated_at = now()
-       from jsonb_to_recordset(?::jsonb) as v(id text, message_id text)
-       where e.id = v.id and e.status = 'sending'`,
+      `with sent as (update emails e set status = 'sent', message_id = v.message_id, sent_at = now(), failure_reason = null, updated_at = now()
+         from jsonb_to_recordset(?::jsonb) as v(id text, message_id text)
+         where e.id = v.id and e.status = 'sending'
+         returning e.campaign_id, e.source)
+       update campaigns c set emails_sent_count = c.emails_sent_count + s.n
+       from (select campaign_id, count(*)::int as n from sent where source = 'campaign' and campaign_id is not null group by campaign_id) s
+       where c.id = s.campaign_id`,
       [JSON.stringify(accepted)],
       'run',
     );
   }
-  const acceptedIds = new Set(accepted.map((a) => a.id));
-  const rest = stale.map((r) => r.id).filter((id) => !acceptedIds.has(id));
-  if (rest.length === 0) return 0;
-  const rows = await em.execute<{ id: string }[]>(
-    `update emails set status = 'failed', updated_at = now(),
-       failure_reason = 'interrupted while being handed to the provider; not retried so that it is never sent twice'
-     where status = 'sending' and id in (select jsonb_array_elements_text(?::jsonb)) and claimed_at < now() - (? * interval '1 millisecond')
-     returning id`,
-    [JSON.stringify(rest), leaseMs],
-    'all',
+  const settle = async (ids: string[], set: string, params: unknown[]) => {
+    if (ids.length === 0) return 0;
+    const rows = await em.execute<{ id: string }[]>(
+      `update emails set ${set}, updated_at = now()
+       where status = 'sending' and id in (select jsonb_array_elements_text(?::jsonb)) and claimed_at < now() - (? * interval '1 millisecond')
+       returning id`,
+      [...params, JSON.stringify(ids), leaseMs],
+      'all',
+    );
+    return rows.length;
+  };
+  await settle(requeue, `status = 'queued'`, []);
+  await fence?.clear(requeue);
+  return (
+    (await settle(uncertain, `status = 'failed', failure_reason = ?`, [UNCERTAIN_REASON])) +
+    (await settle(rest, `status = 'failed', failure_reason = ?`, ['interrupted while being handed to the provider; not retried so that it is never sent twice']))
   );
-  return rows.length;
 }
 
-/** Reconciler, part 2: one keyset page of queued emails older than `graceMs`. */
+/**
+ * Reconciler, part 2: one keyset page of queued emails older than `graceMs` (and created
+ * before `createdBefore`, when given).
+ */
 export async function queuedEmailsPage(
   em: EntityManager,
-  options: { graceMs: number; afterId?: string; limit: number },
+  options: { graceMs: number; afterId?: string; limit: number; createdBefore?: Date },
 ): Promise<{ id: string; source: 'api' | 'campaign' | 'test' }[]> {
   return em.execute(
     `select id, source from emails
      where status in ('queued', 'sending') and status = 'queued' and id > ? and created_at < now() - (? * interval '1 millisecond')
+       and created_at < coalesce(?::timestamptz, 'infinity')
      order by id limit ?`,
-    [options.afterId ?? '', options.graceMs, options.limit],
+    [options.afterId ?? '', options.graceMs, options.createdBefore?.toISOString() ?? null, options.limit],
     'all',
   );
 }

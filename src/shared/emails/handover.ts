@@ -1,20 +1,24 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
-import { Coalescer } from './coalescer.js';
 
 /**
  * The hand-over fence: one Redis key an email, `{prefix}:handover:{email id}`, that records
  * how far the hand-over of a claimed (`sending`) email got, so a worker that takes over the
  * job of a dead one knows whether the provider may have the message:
  *
- * - no key: the message was never committed (its final `.` never sent): safe to send;
+ * - no key: the message was never committed (its final `.` never written): safe to send;
  * - `reclaim:{owner}`: a worker took the email over from a dead (or stalled) one;
- * - `dot:{owner}`: the final `.` of DATA may be on the wire: the provider may or may not
- *   have accepted it (the one ambiguous window; see docs/operations.md);
+ * - `pre:{owner}`: the worker owns the email and was about to write the final `.`; the `.`
+ *   itself was not written yet (its `dot:` record is written first, in the same turn of the
+ *   event loop): safe to send again once that worker is gone;
+ * - `dot:{owner}`: the final `.` of DATA was written and the provider's answer not read:
+ *   the provider may or may not have accepted it (the one ambiguous window; see
+ *   docs/operations.md);
  * - `accepted:{message id}`: the provider accepted it; only the status write is missing.
  *
- * Both claims of the key are compare-and-set (Lua), so a worker that stalled but still
- * runs cannot commit once another took its email over: it aborts the DATA instead.
+ * Taking an email over and committing it are compare-and-set (Lua), so a worker that
+ * stalled but still runs cannot commit once another took its email over: it aborts the
+ * DATA instead.
  */
 export class HandoverFence {
   /** This process; a dead process's `dot:` keys name it (the scale-out test reads them). */
@@ -31,12 +35,16 @@ export class HandoverFence {
     return `${this.prefix}:handover:${emailId}`;
   }
 
-  /** Takes an email over from a dead worker: 'ok' with a token, or the key's current value. */
+  /**
+   * Takes an email over from a dead worker: a token when nothing can have reached the
+   * provider (no key, `reclaim:` or `pre:`, replaced at once), else the key's value
+   * (`dot:` or `accepted:`).
+   */
   async reclaim(emailId: string): Promise<{ token: string } | { current: string }> {
     const token = `reclaim:${this.owner}-${randomBytes(4).toString('hex')}`;
     const result = (await this.redis.eval(
       `local v = redis.call('GET', KEYS[1])
-       if v then return v end
+       if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
        return false`,
       1,
@@ -48,10 +56,12 @@ export class HandoverFence {
   }
 
   /**
-   * Right before the final `.`: true when this worker still owns the email (`expected` is
-   * its reclaim token, or undefined for the first claim) and the key now says `dot:`.
+   * Right before the final `.`: the `pre:` value now in the key when this worker still owns
+   * the email (`expected` is its reclaim token, or undefined for the first claim), else
+   * undefined. The `.` may then be written, right after `dot()`.
    */
-  async commit(emailId: string, expected: string | undefined): Promise<boolean> {
+  async prepare(emailId: string, expected: string | undefined): Promise<string | undefined> {
+    const value = `pre:${this.owner}-${randomBytes(4).toString('hex')}`;
     const result = await this.redis.eval(
       `local v = redis.call('GET', KEYS[1])
        if (v == false and ARGV[1] == '') or v == ARGV[1] then
@@ -62,28 +72,49 @@ export class HandoverFence {
       1,
       this.key(emailId),
       expected ?? '',
+      value,
+      this.ttlMs,
+    );
+    return result === 1 ? value : undefined;
+  }
+
+  /**
+   * Called synchronously right before the final `.` is written (not awaited in between):
+   * the command is on Redis's socket before the `.` is on the relay's, so a worker killed in
+   * between leaves at worst a `dot:` whose `.` never went out (never the reverse).
+   */
+  dot(emailId: string, prepared: string): Promise<unknown> {
+    return this.redis.eval(
+      `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+       return 1`,
+      1,
+      this.key(emailId),
+      prepared,
       `dot:${this.owner}`,
       this.ttlMs,
+    );
+  }
+
+  /** Gives the email back (the `.` was not written): only while the key is still `prepared`. */
+  async release(emailId: string, prepared: string): Promise<boolean> {
+    const result = await this.redis.eval(
+      `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+       return 0`,
+      1,
+      this.key(emailId),
+      prepared,
     );
     return result === 1;
   }
 
   /**
-   * The provider accepted: recorded before the (group-committed) status write. The
-   * acceptances of one turn of the event loop go to Redis as one pipeline (one write).
+   * The provider accepted: called synchronously when its answer is read, so the command is
+   * on Redis's socket in the same turn of the event loop (a worker killed after reading the
+   * answer still leaves the record), before the (group-committed) status write.
    */
-  accepted(emailId: string, messageId: string): Promise<void> {
-    return this.acceptances.submit([emailId, messageId]);
+  accepted(emailId: string, messageId: string): Promise<unknown> {
+    return this.redis.set(this.key(emailId), `accepted:${messageId}`, 'PX', this.ttlMs);
   }
-
-  private readonly acceptances = new Coalescer<[string, string], void>(async (items) => {
-    const pipeline = this.redis.pipeline();
-    for (const [emailId, messageId] of items) pipeline.set(this.key(emailId), `accepted:${messageId}`, 'PX', this.ttlMs);
-    const replies = (await pipeline.exec()) ?? [];
-    const failed = replies.find(([error]) => error)?.[0];
-    if (failed || replies.length !== items.length) throw failed ?? new Error('Redis did not answer every acceptance');
-    return items.map(() => undefined);
-  });
 
   async read(emailId: string): Promise<string | null> {
     return this.redis.get(this.key(emailId));

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { ContentKind, EmailSource, EmailTag } from '../db/entities/email.js';
 import { hasLineBreak, parseMailbox } from './addresses.js';
-import { tiptapProblem } from './render.js';
+import { MAX_CONTENT_CHARS, tiptapProblem } from './render.js';
 
 /**
  * The send body of spec 4.14 and contract 9, shared by `POST /emails`, the batch and any
@@ -11,6 +11,8 @@ import { tiptapProblem } from './render.js';
 
 const MAX_SUBJECT = 998; // RFC 5322 line length
 const MAX_LIST = 50;
+// Rendering time grows with the content: each part is capped (docs/security.md).
+const content = () => z.string().max(MAX_CONTENT_CHARS, `at most ${MAX_CONTENT_CHARS} characters`);
 
 const mailbox = z
   .string()
@@ -42,13 +44,13 @@ export const SendEmailBody = z
       .min(1, 'is required')
       .max(MAX_SUBJECT, `at most ${MAX_SUBJECT} characters`)
       .refine((v) => !hasLineBreak(v), 'must not contain CR or LF'),
-    html: z.string().min(1).optional(),
-    markdown: z.string().min(1).optional(),
+    html: content().min(1).optional(),
+    markdown: content().min(1).optional(),
     tiptap: z
-      .union([z.record(z.string(), z.unknown()), z.string()])
+      .union([z.record(z.string(), z.unknown()), content()])
       .optional()
       .describe('A tiptap (ProseMirror) JSON document, as an object or its JSON text'),
-    text: z.string().optional(),
+    text: content().optional(),
     preview: z
       .string()
       .max(1000)

@@ -30,6 +30,20 @@ export function tiptapProblem(doc: unknown): string | undefined {
   }
 }
 
+/**
+ * The largest content rendered, in characters (html, markdown, the tiptap JSON, the text
+ * part): the request limit of a single send (1 MiB). Rendering is linear in the input, so
+ * this bounds its time; larger content is refused at the API (422) and by renderEmail.
+ */
+export const MAX_CONTENT_CHARS = 1024 * 1024;
+
+export class ContentTooLargeError extends Error {
+  constructor(size: number) {
+    super(`content of ${size} characters is over the limit of ${MAX_CONTENT_CHARS}`);
+    this.name = 'ContentTooLargeError';
+  }
+}
+
 const marked = new Marked({ gfm: true, breaks: false, async: false });
 
 export function markdownToHtml(markdown: string): string {
@@ -67,13 +81,42 @@ const TAG_STYLES: Record<string, string> = {
   ul: 'margin: 0 0 16px; padding-left: 24px;',
   ol: 'margin: 0 0 16px; padding-left: 24px;',
 };
-const STYLED_TAG = new RegExp(`<(${Object.keys(TAG_STYLES).join('|')})(?=[\\s>/])([^>]*?)(/?)>`, 'gi');
+const STYLED_TAGS = new Set(Object.keys(TAG_STYLES));
+const isTagEnd = (c: number) => c === 0x20 || c === 0x0a || c === 0x09 || c === 0x0c || c === 0x0d || c === 0x2f /* / */ || c === 0x3e; /* > */
 
-/** Adds the house style to each known opening tag that has no style of its own. */
+/**
+ * Adds the house style to each known opening tag that has no style of its own.
+ *
+ * A scan, not a regular expression: `<p` followed by anything up to the first `>` took time
+ * in the square of the input when no `>` came (each `<p` searched to the end again). Here
+ * the position of the next `>` is found once and reused by every tag before it, so a
+ * document is read a bounded number of times whatever it holds.
+ */
 export function inlineStyles(html: string): string {
-  return html.replace(STYLED_TAG, (whole, tag: string, attrs: string, selfClose: string) =>
-    /\sstyle\s*=/i.test(attrs) ? whole : `<${tag}${attrs} style="${TAG_STYLES[tag.toLowerCase()]}"${selfClose}>`,
-  );
+  let out = '';
+  let from = 0;
+  let nextGt = -1;
+  let at = html.indexOf('<');
+  while (at >= 0) {
+    let end = at + 1;
+    while (end < html.length && !isTagEnd(html.charCodeAt(end))) end++;
+    const name = html.slice(at + 1, end).toLowerCase();
+    if (end < html.length && STYLED_TAGS.has(name)) {
+      if (nextGt < end) nextGt = html.indexOf('>', end);
+      // No `>` after this tag: no later tag can be complete either.
+      if (nextGt < 0) break;
+      const selfClose = html.charCodeAt(nextGt - 1) === 0x2f && nextGt - 1 >= end;
+      const attrs = html.slice(end, selfClose ? nextGt - 1 : nextGt);
+      if (!/\sstyle\s*=/i.test(attrs)) {
+        out += `${html.slice(from, at)}<${html.slice(at + 1, end)}${attrs} style="${TAG_STYLES[name]}"${selfClose ? '/' : ''}>`;
+        from = nextGt + 1;
+      }
+      at = html.indexOf('<', nextGt + 1);
+    } else {
+      at = html.indexOf('<', end);
+    }
+  }
+  return out + html.slice(from);
 }
 
 const BODY_STYLE = 'margin: 0; padding: 0; background-color: #f4f4f5;';
@@ -98,10 +141,12 @@ export function layout(bodyHtml: string, subject: string, preview: string | null
 /** Puts the preheader right after <body> of a complete HTML document given by the client. */
 function withPreheader(html: string, preview: string | null | undefined): string {
   if (!preview) return html;
-  const body = /<body[^>]*>/i.exec(html);
-  if (!body) return preheader(preview) + html;
-  const at = body.index + body[0].length;
-  return html.slice(0, at) + preheader(preview) + html.slice(at);
+  // The first `<body` and the first `>` after it, each found once (`/<body[^>]*>/` searched
+  // to the end again from every `<body` that had no `>` after it: quadratic).
+  const body = html.search(/<body/i);
+  const gt = body < 0 ? -1 : html.indexOf('>', body);
+  if (gt < 0) return preheader(preview) + html;
+  return html.slice(0, gt + 1) + preheader(preview) + html.slice(gt + 1);
 }
 
 const TEXT_SELECTORS = [
@@ -131,7 +176,18 @@ export interface Rendered {
   text: string;
 }
 
+/** Throws ContentTooLargeError when a content part is over MAX_CONTENT_CHARS. */
+export function assertContentSize(...parts: Array<string | null | undefined>): void {
+  for (const part of parts) if (part && part.length > MAX_CONTENT_CHARS) throw new ContentTooLargeError(part.length);
+}
+
 export function renderEmail(input: RenderInput): Rendered {
+  assertContentSize(input.content, input.text);
+  return renderChecked(input);
+}
+
+/** renderEmail for content whose source was already checked (a campaign's rendered layout). */
+export function renderChecked(input: RenderInput): Rendered {
   if (input.contentKind === 'html') {
     // The client's own HTML is kept as written: only the preheader is added and any <style>
     // block inlined (juice keeps media queries in the <style>).

@@ -27,6 +27,11 @@ export const SEND_JOB_OPTIONS: JobsOptions = {
   backoff: { type: 'exponential', delay: 2_000, jitter: 0.5 },
 };
 
+// Single sends go to BullMQ's wait list (no priority), which a worker serves before any
+// prioritized job, so they overtake a backlog; a batch's expansion job comes last
+// (SEND_BATCH_PRIORITY), after the sends of the batches already expanded (workers/emails.ts).
+export const SEND_BATCH_PRIORITY = 2;
+
 export function sendJob(emailId: string) {
   return { name: 'send' as const, data: { emailId }, jobId: emailId, opts: SEND_JOB_OPTIONS };
 }
@@ -111,7 +116,7 @@ export async function enqueueEmailSends(
   for (const [queue, ids] of byQueue) {
     try {
       if (options.fanOut && ids.length > 1) {
-        await producer.add(queue, { name: 'send-batch', data: { emailIds: ids }, jobId: `batch-${ids[0]}`, opts: SEND_JOB_OPTIONS });
+        await producer.add(queue, { name: 'send-batch', data: { emailIds: ids }, jobId: `batch-${ids[0]}`, opts: { ...SEND_JOB_OPTIONS, priority: SEND_BATCH_PRIORITY } });
       } else {
         await producer.addBulk(queue, ids.map(sendJob));
       }

@@ -8,6 +8,7 @@ import DKIM from 'nodemailer/lib/dkim/index.js';
 import type { Config } from '../config.js';
 import { withSubmittedParts } from '../submission/delivery.js';
 import type { SubmittedParts } from '../submission/store.js';
+import { createDkimSigner, defaultDkimThreads, type DkimSigner } from './dkim-pool.js';
 
 /** One message as handed to the provider. */
 export interface OutgoingMessage {
@@ -41,6 +42,13 @@ export interface OutgoingMessage {
   beforeCommit?: () => Promise<void>;
   /** A message submitted over SMTP: its envelope, headers and attachments (src/shared/submission). */
   submitted?: SubmittedParts;
+  /**
+   * Called synchronously once `beforeCommit` resolved, right before the message is
+   * committed (SMTP: in the turn of the event loop that writes the final `.`).
+   */
+  onCommit?: () => void;
+  /** Called synchronously when the provider's acceptance is read, before `send` resolves. */
+  onAccepted?: () => void;
 }
 
 export interface SendResult {
@@ -120,7 +128,9 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
         // Write then rename, so a reader never sees half a message.
         await writeFile(`${file}.tmp`, info.message as Buffer);
         await message.beforeCommit?.();
+        message.onCommit?.();
         await rename(`${file}.tmp`, file);
+        message.onAccepted?.();
         return { delivered: true, response: `written to ${file}` };
       },
       setDkimResolver(resolver) {
@@ -146,6 +156,10 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
   // built here once, and handed to it as it is; Mail.sendMail would parse the built message
   // again (a second compile, Message-ID and boundaries generated anew) before sending it.
   const pool = (transporter as unknown as { transporter: SmtpPool }).transporter;
+  // DKIM signing in worker threads (dkim-pool.ts), made on the first signed message: a
+  // process that never signs (the API) starts none. 0 threads: signed on the event loop.
+  const threads = config.dkimThreads ?? defaultDkimThreads();
+  let signer: DkimSigner | undefined;
   return {
     kind: 'smtp',
     async send(message) {
@@ -155,22 +169,35 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       const node = new MailComposer({ ...mail, textEncoding: 'base64' }).compile();
       // Built into one buffer first, so the socket gets a few large writes rather than
       // one per MIME line (with TCP_NODELAY each write would be a packet).
-      const raw = await node.build();
+      let raw = await node.build();
+      let signOnStream = key;
+      if (key && threads > 0) {
+        signer ??= createDkimSigner(threads);
+        raw = await signer.sign(raw, key as DKIM.SingleKeyOptions);
+        signOnStream = undefined;
+      }
       if (message.skipRecipients && message.skipRecipients.length > 0) {
         const envelope = withoutSkipped(node.getEnvelope(), message.skipRecipients);
         node.getEnvelope = () => envelope;
       }
       const hook = message.beforeCommit;
+      const onCommit = message.onCommit;
+      const onAccepted = message.onAccepted;
       // The compiled node gives the pool the envelope and Message-ID; what it streams is the
       // built message, DKIM-signed when there is a key. The pool reads it only once the relay
       // answered DATA with 354; its end is held until `beforeCommit` resolves, so the final
       // `.` follows it.
       node.createReadStream = () => {
-        const signed: Readable = key ? new DKIM(key).sign(raw) : new PassThrough().end(raw);
-        return hook ? holdEnd(signed, hook) : signed;
+        const signed: Readable = signOnStream ? new DKIM(signOnStream).sign(raw) : new PassThrough().end(raw);
+        return hook ? holdEnd(signed, hook, onCommit) : signed;
       };
       const info = await new Promise<{ response?: string }>((resolve, reject) => {
-        const queued = pool.send({ data: {}, message: node }, (error, sent) => (error ? reject(error) : resolve(sent ?? {})));
+        const queued = pool.send({ data: {}, message: node }, (error, sent) => {
+          if (error) return reject(error);
+          // In the turn that read the relay's answer: nothing runs before the record is sent.
+          onAccepted?.();
+          resolve(sent ?? {});
+        });
         if (!queued) reject(Object.assign(new Error('the SMTP pool is closed'), { code: 'ECONNECTION' }));
       });
       return { delivered: false, response: info.response };
@@ -180,6 +207,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
     },
     close() {
       transporter.close();
+      void signer?.close();
     },
   };
 }
@@ -195,8 +223,12 @@ interface SmtpPool {
   send(mail: { data: object; message: unknown }, callback: (error: Error | null, info?: { response?: string }) => void): boolean;
 }
 
-/** `inner`, read lazily, whose end waits for `hook` (and becomes an error when it throws). */
-function holdEnd(inner: Readable, hook: () => Promise<void>): Readable {
+/**
+ * `inner`, read lazily, whose end waits for `hook` (and becomes an error when it throws).
+ * `onCommit` runs right before the end is released: the pipe to the socket writes the final
+ * `.` in the same turn of the event loop.
+ */
+function holdEnd(inner: Readable, hook: () => Promise<void>, onCommit?: () => void): Readable {
   let started = false;
   const out: Readable = new Readable({
     read() {
@@ -210,7 +242,10 @@ function holdEnd(inner: Readable, hook: () => Promise<void>): Readable {
       });
       inner.once('end', () => {
         hook().then(
-          () => out.push(null),
+          () => {
+            onCommit?.();
+            out.push(null);
+          },
           (error: unknown) => out.destroy(error as Error),
         );
       });

@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { z } from 'zod';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
-import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound } from '../verification/index.js';
+import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound, recordProven } from '../verification/index.js';
 import { TO_ADDRESS_SQL } from './send-gate.js';
 
 /** Contract 11: the body of `POST /webhooks/provider`. */
@@ -126,6 +126,9 @@ export async function applyDeliveryFeedback(
       if (event.type === 'complained') await recordComplaint(tx as EntityManager, email.address, deps.now);
       else await recordHardBounce(tx as EntityManager, email.address, deps.now);
     }
+    // The provider's word that the mailbox took the message: trusted evidence for the global
+    // history (opens and clicks are not: docs/security.md).
+    if (event.type === 'delivered') await recordProven(tx as EntityManager, email.address, deps.now);
     if (event.type === 'bounced' && event.diagnostic) {
       // The remote answer's enhanced status code says more than hard/soft (RFC 3463).
       if (/\b5\.1\.1\b/.test(event.diagnostic)) await recordMailboxNotFound(tx as EntityManager, email.address, deps.now);

@@ -1,7 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Orm } from '../db/orm.js';
 import type { Logger } from '../logger.js';
-import { recordProven } from '../verification/index.js';
 import { recordCampaignEngagement } from './campaigns.js';
 import { TO_ADDRESS_SQL } from './send-gate.js';
 
@@ -258,6 +257,8 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
     for (const row of rows) if (row.campaign_id) perCampaign.set(row.campaign_id, (perCampaign.get(row.campaign_id) ?? 0) + 1);
     for (const [campaignId, count] of perCampaign) await recordCampaignEngagement(em, campaignId, kind, count);
   }
-  // Contract 13: an open or a click of a delivered email proves the mailbox.
-  for (const row of opened) if (row.proven) await recordProven(em, row.address);
+  // Opens and clicks do not feed the global verification history (docs/security.md): every
+  // copy of an email (a bcc to oneself) carries the same pixel and links, so an open proves
+  // nothing about the `to` address, and one tenant could mark any address deliverable for
+  // every organization. Only the provider's delivery, hard bounces and complaints do.
 }

@@ -126,7 +126,6 @@ function mailboxes(value: AddressObject | AddressObject[] | undefined): EmailAdd
 function rawValue(line: string): string {
   const colon = line.indexOf(':');
   const value = line.slice(colon + 1).replace(/\r?\n(?=[ \t])/g, '').trim();
-  // eslint-disable-next-line no-control-regex
   if (!/[^\x00-\x7f]/.test(value)) return value;
   const utf8 = Buffer.from(value, 'latin1').toString('utf8');
   return utf8.includes('\ufffd') ? value : utf8;

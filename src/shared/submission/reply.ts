@@ -19,7 +19,8 @@ export const replies = {
   badCredentials: () => new SmtpReplyError(535, '5.7.8', 'Authentication credentials invalid'),
   encryptionRequired: () => new SmtpReplyError(538, '5.7.11', 'Encryption required for requested authentication mechanism'),
   authUnavailable: () => new SmtpReplyError(454, '4.7.0', 'Temporary authentication failure, try again later'),
-  rateLimited: (limit: number) => new SmtpReplyError(421, '4.7.0', `Rate limit of ${limit} messages a second for this token exceeded, try again later`),
+  rateLimited: (limit: number, of: 'token' | 'organization' = 'token') =>
+    new SmtpReplyError(421, '4.7.0', `Rate limit of ${limit} messages a second for this ${of} exceeded, try again later`),
   tooManyRecipients: (max: number) => new SmtpReplyError(452, '4.5.3', `Too many recipients (at most ${max} a message)`),
   badRecipient: () => new SmtpReplyError(553, '5.1.3', 'Invalid recipient address'),
   tooBig: (max: number) => new SmtpReplyError(552, '5.3.4', `Message exceeds the maximum size of ${max} bytes`),

@@ -1,7 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { randomHex, sha256Hex, type SecretBox } from '../crypto.js';
 import { ApiToken } from '../db/entities/index.js';
-import { NotFoundError, PermissionError } from '../errors.js';
+import { NotFoundError, PermissionError, ValidationError } from '../errors.js';
 import { newId } from '../ids.js';
 import { holdsAll, normalizePermissions, PRESETS, type Permission, type Preset } from './permissions.js';
 
@@ -66,6 +66,8 @@ export async function createToken(
   box: SecretBox,
   caller: Caller,
   input: CreateTokenInput,
+  /** MAX_TOKENS_PER_ORGANIZATION: N tokens would otherwise be N times the per-token rate limit. */
+  maxTokens = Number.POSITIVE_INFINITY,
 ): Promise<CreatedToken> {
   const requested = normalizePermissions(input.preset ? PRESETS[input.preset] : (input.permissions ?? caller.permissions));
   if (!holdsAll(caller.permissions, requested)) {
@@ -85,6 +87,17 @@ export async function createToken(
           throw new PermissionError('The existing token of that name holds permissions the caller does not');
         }
         return present(existing, box.open(existing.secretSealed), true);
+      }
+    }
+    if (Number.isFinite(maxTokens)) {
+      // One organization's token creations in turn, so concurrent ones cannot pass the cap together.
+      await tx.execute('select pg_advisory_xact_lock(hashtextextended(?, 0))', [`token-cap:${caller.organizationId}`]);
+      const count = await tx.count(ApiToken, { organizationId: caller.organizationId });
+      if (count >= maxTokens) {
+        throw new ValidationError(
+          `This organization has ${count} tokens, the most allowed (MAX_TOKENS_PER_ORGANIZATION); delete one first`,
+          [{ path: 'name', message: 'too many tokens in this organization' }],
+        );
       }
     }
     const { entity, secret } = insertToken(tx, box, {

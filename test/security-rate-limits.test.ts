@@ -1,0 +1,100 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createToken } from '../src/shared/tokens/service.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+/**
+ * Limits per organization (docs/security.md): more tokens do not buy more requests, every
+ * interface counts (v2, tools, MCP, v1), and tokens and domains are capped.
+ */
+const ORG_LIMIT = 5;
+let ctx: TestContext;
+let organizationId: string;
+let tokens: string[];
+
+beforeAll(async () => {
+  ctx = await createTestContext({
+    RATE_LIMIT_PER_SECOND: '1000',
+    RATE_LIMIT_ORG_PER_SECOND: String(ORG_LIMIT),
+    MAX_TOKENS_PER_ORGANIZATION: '3',
+    MAX_DOMAINS_PER_ORGANIZATION: '2',
+  });
+  const org = await createOrg(ctx.services);
+  organizationId = org.organizationId;
+  tokens = [org.token];
+  const caller = { organizationId, tokenId: 'setup', permissions: ['*' as const] };
+  for (const name of ['second', 'third']) tokens.push((await createToken(ctx.services.orm.em.fork(), ctx.services.box, caller, { name })).token);
+});
+afterAll(async () => ctx?.close());
+
+/** Runs `burst` within one wall-clock second (retried when the machine is too slow), returning its status codes. */
+async function withinOneSecond(burst: () => Promise<number[]>): Promise<number[]> {
+  for (let attempt = 0; attempt < 4; attempt++) {
+    await new Promise((resolve) => setTimeout(resolve, 1000 - (Date.now() % 1000) + 5));
+    const second = Math.floor(Date.now() / 1000);
+    const codes = await burst();
+    if (Math.floor(Date.now() / 1000) === second) return codes;
+  }
+  throw new Error('could not fit the burst in one second');
+}
+
+describe('RATE_LIMIT_ORG_PER_SECOND', () => {
+  it('N tokens of one organization share one budget', async () => {
+    const codes = await withinOneSecond(() =>
+      Promise.all(tokens.flatMap((token) => Array.from({ length: 4 }, () => ctx.app.inject({ url: '/api/v2/tags', headers: bearer(token) })))).then((all) =>
+        all.map((r) => r.statusCode),
+      ),
+    );
+    expect(codes.filter((c) => c === 200)).toHaveLength(ORG_LIMIT);
+    expect(codes.filter((c) => c === 429)).toHaveLength(12 - ORG_LIMIT);
+  });
+
+  it('counts tool and v1 calls (every dispatching layer: tools, MCP, v1), even those the layer refuses before dispatching', async () => {
+    const codes = await withinOneSecond(async () => {
+      const answers = [];
+      // Refused by the tool layer (unknown tool, arguments not an object) or the v1 layer: nothing dispatched.
+      for (let i = 0; i < ORG_LIMIT; i++) {
+        answers.push(await ctx.app.inject({ method: 'POST', url: '/api/v2/tools/no_such_tool', headers: bearer(tokens[i % 3]!), payload: { arguments: {} } }));
+      }
+      answers.push(await ctx.app.inject({ url: '/api/v1/tags', headers: bearer(tokens[1]!) }));
+      answers.push(await ctx.app.inject({ url: '/api/v2/tags', headers: bearer(tokens[2]!) }));
+      return answers.map((r) => r.statusCode);
+    });
+    expect(codes.slice(0, ORG_LIMIT).every((c) => c !== 429)).toBe(true);
+    expect(codes.slice(ORG_LIMIT)).toEqual([429, 429]);
+  });
+
+  it('an organization over its budget does not slow another one', async () => {
+    const other = await createOrg(ctx.services, { name: 'Other' });
+    const codes = await withinOneSecond(async () => {
+      const mine = await Promise.all(Array.from({ length: ORG_LIMIT + 2 }, () => ctx.app.inject({ url: '/api/v2/tags', headers: bearer(tokens[0]!) })));
+      const theirs = await ctx.app.inject({ url: '/api/v2/tags', headers: bearer(other.token) });
+      return [...mine.map((r) => r.statusCode), theirs.statusCode];
+    });
+    expect(codes.at(-1)).toBe(200);
+    expect(codes.filter((c) => c === 429)).toHaveLength(2);
+  });
+});
+
+describe('caps per organization', () => {
+  it('MAX_TOKENS_PER_ORGANIZATION: a fourth token is refused and not created', async () => {
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(tokens[0]!), payload: { name: 'fourth', reuseIfExists: false } });
+    expect(res.statusCode).toBe(422);
+    expect(res.json()).toMatchObject({ name: 'validation_error' });
+    expect(res.json().message).toMatch(/MAX_TOKENS_PER_ORGANIZATION/);
+    const [row] = await ctx.services.orm.em.fork().execute<{ n: string }[]>('select count(*) as n from api_tokens where organization_id = ?', [organizationId]);
+    expect(Number(row!.n)).toBe(3);
+  });
+
+  it('MAX_DOMAINS_PER_ORGANIZATION: a third domain is refused before its key is made', async () => {
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    for (const domain of ['one.example', 'two.example']) {
+      expect((await ctx.app.inject({ method: 'POST', url: '/api/v2/domains', headers: bearer(tokens[0]!), payload: { domain } })).statusCode).toBe(200);
+    }
+    const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/domains', headers: bearer(tokens[0]!), payload: { domain: 'three.example' } });
+    expect(res.statusCode).toBe(422);
+    expect(res.json().message).toMatch(/MAX_DOMAINS_PER_ORGANIZATION/);
+    const [row] = await ctx.services.orm.em.fork().execute<{ n: string }[]>('select count(*) as n from domains where organization_id = ?', [organizationId]);
+    expect(Number(row!.n)).toBe(2);
+  });
+});
