@@ -65,7 +65,7 @@ describe('fan-out with a worker killed in the middle', () => {
     expect(sent.json()).toMatchObject({ status: 'SCHEDULED', recipientCount: AUDIENCE });
 
     // Kill the worker once some pages, but not all, are committed.
-    let written = 0;
+    let written: number;
     for (;;) {
       const [row] = await sql<{ n: number }>(`select count(*)::int as n from emails where campaign_id = ?`, [id]);
       written = row!.n;

@@ -102,7 +102,7 @@ describe.each([2, 20])('worker SIGKILLed mid-send, relay answering in %i ms', (r
     const restarted = Date.now();
 
     // Every email settles (sent, or failed as uncertain) within 60 s of the last restart.
-    let pending = -1;
+    let pending: number;
     for (;;) {
       const [row] = await sql<{ n: number }>(`select count(*)::int as n from emails where organization_id = ? and status in ('queued', 'sending')`, [organizationId]);
       pending = row!.n;

@@ -38,7 +38,7 @@ let confirmations = 0;
 let api: ServiceProcess;
 let apiBase: string;
 /** The relay's id for each message it accepted, in order (SES style). */
-let relayIds: string[] = [];
+const relayIds: string[] = [];
 
 function openssl(args: string[]) {
   execFileSync('openssl', args, { stdio: 'ignore' });
@@ -313,7 +313,7 @@ function postmark(body: object | string, authorization: string | null = basic(PO
 
 const postmarkBounce = (email: Sent, type = 'HardBounce') => ({
   RecordType: 'Bounce',
-  ID: 4323372036854775807,
+  ID: 4323372036854775,
   Type: type,
   TypeCode: type === 'HardBounce' ? 1 : 4096,
   Name: type === 'HardBounce' ? 'Hard bounce' : 'Soft bounce',

@@ -111,7 +111,7 @@ describe('scale-out: 2 APIs, 2 workers, one killed', () => {
     while (sink.accepted < TOTAL / 2) await sleep(10);
     const pid = workerA.child.pid!;
     const sinkAtKill = sink.accepted;
-    let markers: string[] = [];
+    let markers: string[];
     let tries = 0;
     for (; ; tries++) {
       process.kill(pid, 'SIGSTOP');

@@ -96,9 +96,7 @@ export async function emailsRoutes(app: App): Promise<void> {
       const email = newEmailFromBody(request.caller.organizationId, request.body);
       // Contract 12; a no-op (no query) unless ALLOW_UNVERIFIED_DOMAINS=false.
       await assertSendingAllowed(request.em, app.services.config, email.organizationId, email.from);
-      const key = request.headers['idempotency-key'];
-      if (key === undefined) return { id: await writer.write(email) };
-      const { ids } = await createEmails(request.em, deps, [email], { idempotency: idempotency(request, key, 'POST /emails') });
+      const { ids } = await writer.write(email, idempotency(request, request.headers['idempotency-key'], 'POST /emails'));
       return { id: ids[0]! };
     },
   );

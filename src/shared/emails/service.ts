@@ -4,11 +4,12 @@ import { Coalescer } from './coalescer.js';
 import type { JobsOptions } from 'bullmq';
 import { createHash } from 'node:crypto';
 import { Email, type EmailSource } from '../db/entities/email.js';
-import { ConflictError, NotFoundError, ValidationError } from '../errors.js';
-import { newId } from '../ids.js';
+import { NotFoundError, ValidationError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { QueueProducer } from '../queues/producer.js';
 import type { NewEmail } from './input.js';
+import { inTransaction, type Sql } from '../subscribers/sql.js';
+import { acceptRequests, insertEmails, IDEMPOTENCY_TTL_HOURS, type AcceptRequest, type AcceptResult, type CreatedEmails, type Idempotency } from './accept.js';
 import { lastEventFilter, type LastEvent } from './last-event.js';
 
 /** The queue an email's send job goes to: campaign mail has its own, so transactional mail overtakes it. */
@@ -36,62 +37,9 @@ export function sendJob(emailId: string) {
   return { name: 'send' as const, data: { emailId }, jobId: emailId, opts: SEND_JOB_OPTIONS };
 }
 
-const COLUMNS = [
-  'id',
-  'organization_id',
-  'source',
-  'campaign_id',
-  'subscriber_id',
-  'from_address',
-  'to_address',
-  'cc',
-  'bcc',
-  'reply_to',
-  'subject',
-  'content_kind',
-  'content',
-  'preview',
-  'text',
-  'tags',
-  'headers',
-] as const;
-const ROW_PLACEHOLDERS = `(?, ?, ?, ?, ?, ?, ?, ?::jsonb, ?::jsonb, ?::jsonb, ?, ?, ?, ?, ?, ?::jsonb, ?::jsonb, now(), now())`;
-const INSERT_HEAD = `insert into emails (${COLUMNS.join(', ')}, created_at, updated_at) values `;
-
-const json = (value: unknown) => (value === null || value === undefined ? null : JSON.stringify(value));
-
-/**
- * Inserts the rows (status queued) in ONE multi-row statement and returns their ids, in
- * order. The caller owns the transaction (or relies on the statement being atomic) and
- * enqueues with `enqueueEmailSends` after the commit.
- */
-export async function insertEmails(em: EntityManager, inputs: NewEmail[], ids: string[] = inputs.map(() => newId('eml'))): Promise<string[]> {
-  if (inputs.length === 0) return [];
-  const params: unknown[] = [];
-  inputs.forEach((e, i) => {
-    params.push(
-      ids[i],
-      e.organizationId,
-      e.source ?? 'api',
-      e.campaignId ?? null,
-      e.subscriberId ?? null,
-      e.from,
-      e.to,
-      json(e.cc),
-      json(e.bcc),
-      json(e.replyTo),
-      e.subject,
-      e.contentKind,
-      e.content,
-      e.preview ?? null,
-      e.text ?? null,
-      JSON.stringify(e.tags ?? []),
-      JSON.stringify(e.headers ?? {}),
-    );
-  });
-  await em.execute(INSERT_HEAD + inputs.map(() => ROW_PLACEHOLDERS).join(', '), params, 'run');
-  return ids;
-}
+export { insertEmails } from './accept.js';
+export type { CreatedEmails, Idempotency } from './accept.js';
+export { IDEMPOTENCY_TTL_HOURS } from './accept.js';
 
 /**
  * Enqueues one send job per email (jobId = email id, so a repeat is a no-op). With
@@ -126,35 +74,18 @@ export async function enqueueEmailSends(
   }
 }
 
-export interface Idempotency {
-  key: string;
-  /** SHA-256 of the request (route and validated body). */
-  requestHash: string;
-  /** How long to wait for an earlier request with the key to finish before 409 (ms). */
-  waitMs?: number;
-}
-
 export interface CreateEmailsDeps {
   producer: QueueProducer;
   logger?: Logger;
 }
 
-export interface CreatedEmails {
-  ids: string[];
-  /** True when an earlier request with the same Idempotency-Key is answered again. */
-  replayed: boolean;
-}
-
-// How long a request waits for an earlier one with the same key to finish before 409.
-const IDEMPOTENCY_WAIT_MS = 5_000;
-export const IDEMPOTENCY_TTL_HOURS = 24;
-
 /**
  * Accepts emails: writes the rows (status queued), commits, then enqueues their send jobs.
- * Used by `POST /emails` and the batch, and by any feature that sends mail of its own
- * (double opt-in confirmation, campaign test sends). With an idempotency key, the key row
- * and the emails are written in one transaction; a concurrent request with the same key
- * waits for the first to commit and answers its ids.
+ * Used by `POST /emails/batch`, and by any feature that sends mail of its own (double
+ * opt-in confirmation, campaign test sends); `POST /emails` goes through `EmailWriter`,
+ * which writes with the same function. With an idempotency key, the key row and the emails
+ * are written by one statement; a concurrent request with the same key waits for the first
+ * to commit and answers its ids.
  */
 export async function createEmails(
   em: EntityManager,
@@ -163,93 +94,65 @@ export async function createEmails(
   options: {
     idempotency?: Idempotency;
     /** Rows that belong to the emails (e.g. attachments), written in the same transaction. */
-    alongside?: (tx: EntityManager, ids: string[]) => Promise<void>;
+    alongside?: (sql: Sql, ids: string[]) => Promise<void>;
   } = {},
 ): Promise<CreatedEmails> {
   if (inputs.length === 0) return { ids: [], replayed: false };
-  const idem = options.idempotency;
-  const alongside = options.alongside;
-  let result: CreatedEmails;
-  if (alongside && !idem) {
-    result = await em.transactional(async (tx) => {
-      const ids = await insertEmails(tx, inputs);
-      await alongside(tx, ids);
-      return { ids, replayed: false };
+  if (options.alongside && !options.idempotency) {
+    // Rows that belong to the emails go in the same transaction; enqueued after the commit.
+    const alongside = options.alongside;
+    const ids = await inTransaction(em, async (sql) => {
+      const written = await insertEmails(sql, inputs);
+      await alongside(sql, written);
+      return written;
     });
-  } else if (!idem) {
-    // One statement: atomic on its own, no BEGIN/COMMIT round trips on the hot path.
-    result = { ids: await insertEmails(em, inputs), replayed: false };
-  } else {
-    result = await createIdempotent(em, inputs, idem);
+    await enqueueEmailSends(deps.producer, ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger, { fanOut: true });
+    return { ids, replayed: false };
   }
-  if (!result.replayed) {
-    await enqueueEmailSends(deps.producer, result.ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger, { fanOut: true });
+  const [result] = await acceptRequests(em, [{ emails: inputs, idempotency: options.idempotency }]);
+  if ('error' in result!) throw result.error;
+  if (!result!.ok.replayed) {
+    await enqueueEmailSends(deps.producer, result!.ok.ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger, { fanOut: true });
   }
-  return result;
+  return result!.ok;
 }
 
 /**
- * The hot path of `POST /emails` without an Idempotency-Key: group commit. Sends that arrive
- * while a write is in flight are gathered and written together, one multi-row INSERT
- * (one commit, one WAL flush) and one bulk enqueue, so PostgreSQL and Redis work per email
- * shrinks as load grows, and an idle server adds no delay. Each caller is answered only
- * after its row is committed and its job enqueued (or left to the reconciler).
+ * `POST /emails`, with or without an Idempotency-Key: group commit. Sends that arrive while
+ * a write is in flight are gathered and written together by `acceptRequests` (one
+ * statement, one commit, one WAL flush) and enqueued with one bulk call, so PostgreSQL and
+ * Redis work per email shrinks as load grows, and an idle server adds no delay. Each caller
+ * is answered only after its own row is committed and its job enqueued (or left to the
+ * reconciler), with its own result: its ids, the earlier request's ids for a repeated key,
+ * or its own error.
  */
+const WRITES_IN_FLIGHT = 2;
+
 export class EmailWriter {
-  private readonly coalescer: Coalescer<NewEmail, string>;
+  private readonly coalescer: Coalescer<AcceptRequest, AcceptResult>;
 
   constructor(orm: Orm, deps: CreateEmailsDeps) {
-    this.coalescer = new Coalescer(async (inputs) => {
-      const ids = await insertEmails(orm.em.fork(), inputs);
-      await enqueueEmailSends(deps.producer, ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger);
-      return ids;
-    });
+    this.coalescer = new Coalescer(async (requests) => {
+      const results = await acceptRequests(orm.em.fork(), requests);
+      const written: { id: string; source?: EmailSource }[] = [];
+      results.forEach((result, i) => {
+        if ('ok' in result && !result.ok.replayed) {
+          result.ok.ids.forEach((id, n) => written.push({ id, source: requests[i]!.emails[n]!.source }));
+        }
+      });
+      await enqueueEmailSends(deps.producer, written, deps.logger);
+      return results;
+      // Two writes in flight at most: the requests that arrive meanwhile wait for one to
+      // finish and go in the next, so a write carries more rows as load grows, and the
+      // fixed cost of a statement and its commit (most of PostgreSQL's work for one row,
+      // bench/ingest-sql.ts) is shared by more emails.
+    }, WRITES_IN_FLIGHT);
   }
 
-  write(input: NewEmail): Promise<string> {
-    return this.coalescer.submit(input);
-  }
-}
-
-async function createIdempotent(em: EntityManager, inputs: NewEmail[], idem: Idempotency): Promise<CreatedEmails> {
-  const organizationId = inputs[0]!.organizationId;
-  try {
-    return await em.transactional(async (tx) => {
-      await tx.execute(`set local lock_timeout = ${Math.max(1, Math.round(idem.waitMs ?? IDEMPOTENCY_WAIT_MS))}`, [], 'run');
-      const ids = inputs.map(() => newId('eml'));
-      // Inserts the key, or takes over an expired one. A concurrent insert of the same key
-      // waits here until the first transaction ends (then conflicts and updates nothing).
-      const claimed = await tx.execute<{ created: number }[]>(
-        `insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids, created_at)
-         values (?, ?, ?, ?::text[], now())
-         on conflict (organization_id, idempotency_key) do update
-           set request_hash = excluded.request_hash, email_ids = excluded.email_ids, created_at = excluded.created_at
-           where email_idempotency_keys.created_at < now() - interval '${IDEMPOTENCY_TTL_HOURS} hours'
-         returning 1 as created`,
-        // A PG array literal: ids are [0-9a-z_] only.
-        [organizationId, idem.key, idem.requestHash, `{${ids.join(',')}}`],
-        'all',
-      );
-      if (claimed.length > 0) {
-        await insertEmails(tx, inputs, ids);
-        return { ids, replayed: false };
-      }
-      const [row] = await tx.execute<{ request_hash: string; email_ids: string[] }[]>(
-        'select request_hash, email_ids from email_idempotency_keys where organization_id = ? and idempotency_key = ?',
-        [organizationId, idem.key],
-        'all',
-      );
-      if (!row) throw new ConflictError('idempotency_conflict', 'The Idempotency-Key changed state during the request; retry');
-      if (row.request_hash !== idem.requestHash) {
-        throw new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body');
-      }
-      return { ids: row.email_ids, replayed: true };
-    });
-  } catch (error) {
-    if ((error as { code?: string }).code === '55P03') {
-      throw new ConflictError('idempotency_conflict', 'A request with this Idempotency-Key is still being processed; retry shortly');
-    }
-    throw error;
+  async write(input: NewEmail, idempotency?: Idempotency): Promise<CreatedEmails> {
+    const result = await this.coalescer.submit({ emails: [input], idempotency });
+    if ('error' in result) throw result.error;
+    return result.ok;
   }
 }
 

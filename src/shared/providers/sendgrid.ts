@@ -27,10 +27,11 @@ export function verifySendgrid(raw: Buffer, signature: string | undefined, times
   const verifier = createVerify('sha256');
   verifier.update(timestamp);
   verifier.update(raw);
-  let valid = false;
+  let valid: boolean;
   try {
     valid = verifier.verify(key, Buffer.from(signature, 'base64'));
   } catch {
+    // A signature that is not DER at all.
     valid = false;
   }
   return valid ? { ok: true } : { ok: false, reason: 'the signature does not match' };

@@ -38,8 +38,8 @@ export function submittedEmail(organizationId: string, message: SubmittedMessage
 /** Stores the message as one email of the organization; answers its id once committed. */
 export async function storeSubmission(em: EntityManager, deps: CreateEmailsDeps, organizationId: string, message: SubmittedMessage): Promise<string> {
   const { ids } = await createEmails(em, deps, [submittedEmail(organizationId, message)], {
-    alongside: async (tx, [id]) => {
-      await run(tx, 'insert into email_submissions (email_id, envelope_to, headers) values (?, ?::text[], ?::jsonb)', [
+    alongside: async (sql, [id]) => {
+      await sql.query('insert into email_submissions (email_id, envelope_to, headers) values ($1, $2::text[], $3::jsonb)', [
         id,
         message.envelopeTo,
         JSON.stringify(message.headers),
@@ -47,11 +47,8 @@ export async function storeSubmission(em: EntityManager, deps: CreateEmailsDeps,
       if (message.attachments.length === 0) return;
       const params: unknown[] = [];
       message.attachments.forEach((a, i) => params.push(id, i, a.filename, a.contentType, a.disposition, a.contentId, a.content.length, a.content));
-      await run(
-        tx,
-        `insert into email_attachments (email_id, position, filename, content_type, disposition, content_id, size, content) values ${message.attachments.map(() => '(?, ?, ?, ?, ?, ?, ?, ?)').join(', ')}`,
-        params,
-      );
+      const rows = message.attachments.map((_, i) => `(${Array.from({ length: 8 }, (__, j) => `$${i * 8 + j + 1}`).join(', ')})`);
+      await sql.query(`insert into email_attachments (email_id, position, filename, content_type, disposition, content_id, size, content) values ${rows.join(', ')}`, params);
     },
   });
   return ids[0]!;

@@ -221,7 +221,6 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
     outcome = await inTransaction(deps.em, async (tx) => {
       const events: WorkflowEvent[] = [];
       let row: SubscriberRow | undefined;
-      let doubleOptIn = false;
       let created = false;
 
       if (operation === 'create') {
@@ -260,8 +259,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
           if (operation === 'create') throw new Error('organization not found for a subscriber write');
           throw new NotFoundError(`No subscriber ${request.ref}`);
         }
-        doubleOptIn = existing.double_opt_in;
-        const updated = await updateExisting(tx, existing, request, fieldInput, newEmail, doubleOptIn, now, events);
+        const updated = await updateExisting(tx, existing, request, fieldInput, newEmail, existing.double_opt_in, now, events);
         row = updated.row;
         becamePending = updated.becamePending;
       }

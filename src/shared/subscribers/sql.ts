@@ -7,14 +7,22 @@ import type { EntityManager } from '@mikro-orm/postgresql';
  * process still holds one pool. Placeholders are `?`, as with `em.execute`.
  */
 export interface Sql {
-  query<T = Record<string, unknown>>(text: string, values?: readonly unknown[]): Promise<T[]>;
+  /**
+   * With `name`, the statement is prepared once per connection and then only bound and
+   * executed (no parse or plan): for hot statements whose text never changes.
+   */
+  query<T = Record<string, unknown>>(text: string, values?: readonly unknown[], name?: string): Promise<T[]>;
 }
 
 /** Either a raw connection or an EntityManager (reads that are not on the hot path). */
 export type Db = Sql | Pick<EntityManager, 'execute'>;
 
 interface PgConnection {
-  query(text: string, values?: readonly unknown[]): Promise<{ rows: unknown[] }>;
+  query(text: string | { name: string; text: string; values: unknown[] }, values?: readonly unknown[]): Promise<{ rows: unknown[] }>;
+}
+
+function run(connection: PgConnection, text: string, values: readonly unknown[], name: string | undefined) {
+  return name ? connection.query({ name, text: toPg(text), values: values as unknown[] }) : connection.query(toPg(text), values as unknown[]);
 }
 
 const numbered = new Map<string, string>();
@@ -50,8 +58,8 @@ export async function withConnection<T>(em: EntityManager, work: (sql: Sql) => P
   const connection = (await client.acquireConnection()) as PgConnection;
   try {
     return await work({
-      async query<R>(text: string, values: readonly unknown[] = []) {
-        return (await connection.query(toPg(text), values as unknown[])).rows as R[];
+      async query<R>(text: string, values: readonly unknown[] = [], name?: string) {
+        return (await run(connection, text, values, name)).rows as R[];
       },
     });
   } finally {
@@ -64,8 +72,8 @@ export async function inTransaction<T>(em: EntityManager, work: (sql: Sql) => Pr
   const client = em.getKnex().client;
   const connection = (await client.acquireConnection()) as PgConnection;
   const sql: Sql = {
-    async query<R>(text: string, values: readonly unknown[] = []) {
-      return (await connection.query(toPg(text), values as unknown[])).rows as R[];
+    async query<R>(text: string, values: readonly unknown[] = [], name?: string) {
+      return (await run(connection, text, values, name)).rows as R[];
     },
   };
   try {

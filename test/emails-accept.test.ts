@@ -1,0 +1,139 @@
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EmailWriter, requestHash } from '../src/shared/emails/service.js';
+import type { NewEmail } from '../src/shared/emails/input.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+// The one write path of POST /emails: concurrent sends, with and without an
+// Idempotency-Key, are written together (group commit), and each keeps its own answer.
+
+let ctx: TestContext;
+let token: string;
+let organizationId: string;
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+  ({ token } = await createOrg(ctx.services));
+  const [org] = await ctx.services.orm.em.fork().execute<{ id: string }[]>('select id from organizations limit 1');
+  organizationId = org!.id;
+});
+afterAll(async () => ctx?.close());
+
+const base = { from: 'Acme <hello@acme.test>', to: 'jane@example.com', subject: 'Hello', html: '<p>Hi</p>' };
+
+function send(body: unknown, headers: Record<string, string> = {}) {
+  return ctx.app.inject({ method: 'POST', url: '/api/v2/emails', headers: { ...bearer(token), ...headers }, payload: body as object });
+}
+
+async function rowsTo(to: string): Promise<{ id: string; subject: string; cc: string[] | null; tags: unknown; headers: unknown; status: string }[]> {
+  return ctx.services.orm.em.fork().execute(`select id, subject, cc, tags, headers, status from emails where to_address = ? order by id`, [to]);
+}
+
+async function jobIds(): Promise<Set<string>> {
+  const jobs = await ctx.services.producer.queue('emails').getJobs(['waiting', 'delayed', 'prioritized', 'active']);
+  return new Set(jobs.map((j) => j.id!));
+}
+
+describe('POST /api/v2/emails: one write path, group-committed', () => {
+  it('answers each of many concurrent sends, keyed or not, with its own email', async () => {
+    const to = 'crowd@example.com';
+    const results = await Promise.all(
+      Array.from({ length: 40 }, (_, i) => send({ ...base, to, subject: `n${i}` }, i % 2 ? { 'idempotency-key': `crowd-${i}` } : {})),
+    );
+    expect(results.map((r) => r.statusCode)).toEqual(Array(40).fill(200));
+    const ids = results.map((r) => r.json().id as string);
+    expect(new Set(ids).size).toBe(40);
+    const rows = await rowsTo(to);
+    expect(rows).toHaveLength(40);
+    // Every answer names the row holding its own body.
+    const subjectOf = new Map(rows.map((r) => [r.id, r.subject]));
+    ids.forEach((id, i) => expect(subjectOf.get(id)).toBe(`n${i}`));
+    const jobs = await jobIds();
+    for (const id of ids) expect(jobs.has(id)).toBe(true);
+    const keys = await ctx.services.orm.em.fork().execute<{ idempotency_key: string; email_ids: string[] }[]>(
+      `select idempotency_key, email_ids from email_idempotency_keys where idempotency_key like 'crowd-%'`,
+    );
+    expect(keys).toHaveLength(20);
+    for (const k of keys) expect(k.email_ids).toEqual([ids[Number(k.idempotency_key.slice(6))]]);
+  });
+
+  it('keeps the values of every column through the array insert', async () => {
+    const to = 'columns@example.com';
+    const res = await send({
+      ...base,
+      to,
+      subject: `quotes ' " \\ {braces}, commas and ünïcode`,
+      cc: ['a@example.com', 'B <b@example.com>'],
+      tags: [{ name: 'k', value: 'v' }],
+      text: 'NULL',
+    });
+    expect(res.statusCode).toBe(200);
+    const [row] = await rowsTo(to);
+    expect(row).toMatchObject({ id: res.json().id, subject: `quotes ' " \\ {braces}, commas and ünïcode`, cc: ['a@example.com', 'B <b@example.com>'], tags: [{ name: 'k', value: 'v' }], headers: {}, status: 'queued' });
+    const [text] = await ctx.services.orm.em.fork().execute<{ text: string | null; preview: string | null }[]>('select text, preview from emails where id = ?', [res.json().id]);
+    expect(text).toEqual({ text: 'NULL', preview: null });
+  });
+
+  it('answers concurrent repeats of a key within one group: one email, the same id, 409 for another body', async () => {
+    const to = 'repeat@example.com';
+    const results = await Promise.all([
+      send({ ...base, to }, { 'idempotency-key': 'rep-1' }),
+      send({ ...base, to }, { 'idempotency-key': 'rep-1' }),
+      send({ ...base, to }, { 'idempotency-key': 'rep-1' }),
+      send({ ...base, to, subject: 'another body' }, { 'idempotency-key': 'rep-1' }),
+      send({ ...base, to }),
+    ]);
+    expect(results.slice(0, 3).map((r) => r.statusCode)).toEqual([200, 200, 200]);
+    expect(new Set(results.slice(0, 3).map((r) => r.json().id)).size).toBe(1);
+    expect(results[3]!.statusCode).toBe(409);
+    expect(results[3]!.json()).toMatchObject({ name: 'idempotency_conflict' });
+    expect(results[4]!.statusCode).toBe(200);
+    expect(await rowsTo(to)).toHaveLength(2);
+  });
+
+  it('fails only the request whose key another request holds, not the others written with it', async () => {
+    const writer = new EmailWriter(ctx.services.orm, { producer: ctx.services.producer });
+    const to = 'held@example.com';
+    const input: NewEmail = { organizationId, from: base.from, to, subject: 'held', contentKind: 'html', content: base.html };
+    const hash = requestHash('POST /emails', { ...base, to });
+    const holder = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
+    await holder.connect();
+    try {
+      await holder.query('begin');
+      await holder.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, 'held', $2, '{}')`, [organizationId, hash]);
+      const settled = await Promise.allSettled([
+        writer.write(input, { key: 'held', requestHash: hash, waitMs: 200 }),
+        writer.write({ ...input, subject: 'free 1' }),
+        writer.write({ ...input, subject: 'free 2' }, { key: 'free', requestHash: hash, waitMs: 200 }),
+        writer.write({ ...input, subject: 'free 3' }),
+      ]);
+      expect(settled[0]).toMatchObject({ status: 'rejected', reason: { statusCode: 409, errorName: 'idempotency_conflict' } });
+      expect(settled.slice(1).map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled']);
+      const rows = await rowsTo(to);
+      expect(rows.map((r) => r.subject).sort()).toEqual(['free 1', 'free 2', 'free 3']);
+    } finally {
+      await holder.query('rollback');
+      await holder.end();
+    }
+    // Once the holder is gone the key is free, and a retry is written.
+    const retried = await writer.write(input, { key: 'held', requestHash: hash, waitMs: 200 });
+    expect(retried.replayed).toBe(false);
+    expect((await rowsTo(to)).map((r) => r.id)).toContain(retried.ids[0]);
+  });
+
+  it('writes nothing for a batch whose key was used, and replays its ids in order', async () => {
+    const to = 'batchkey@example.com';
+    const payload = [
+      { ...base, to, subject: 'one' },
+      { ...base, to, subject: 'two' },
+    ];
+    const headers = { ...bearer(token), 'idempotency-key': 'batch-k' };
+    const a = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails/batch', headers, payload });
+    const b = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails/batch', headers, payload });
+    expect(a.statusCode).toBe(200);
+    expect(b.json()).toEqual(a.json());
+    const rows = await rowsTo(to);
+    expect(rows.map((r) => r.id)).toEqual(a.json().data.map((d: { id: string }) => d.id));
+    expect(rows.map((r) => r.subject)).toEqual(['one', 'two']);
+  });
+});
