@@ -3,6 +3,7 @@ import { startInbound } from './inbound/server.js';
 import { bootConfig, handleShutdown } from './shared/boot.js';
 import { closeServices, createServices } from './shared/container.js';
 import { ensureDatabase, migrate } from './shared/db/orm.js';
+import { startSubmission } from './smtp/server.js';
 import { startWorkerProcess } from './workers/main.js';
 
 // `npm start`: one process for a laptop or a small server. It creates the database when
@@ -27,8 +28,11 @@ logger.info(`inbound SMTP for bounces and complaints on ${inbound.host}:${inboun
 // The bound address, not the configured one: PORT=0 lets the OS choose.
 const bound = app.server.address();
 const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
+const submission = await startSubmission(services);
+logger.info(`SMTP submission on ${config.smtpSubmission.host}:${submission.port} (docs/smtp.md)`);
 logger.info(`mailroom is running on http://${where} (docs at /docs)`);
 shutdown.onStop(async () => {
+  await submission.close();
   await app.close();
   await inbound.close();
   await workers.close();

@@ -70,6 +70,12 @@ describe('loadConfig defaults (contract 2)', () => {
       ALLOW_UNVERIFIED_DOMAINS: 'yes',
       LOG_LEVEL: 'warn',
       VERIFY_BLOCKED_DOMAINS: 'spam.example, Junk.Example',
+      SMTP_SUBMISSION_HOST: '0.0.0.0',
+      SMTP_SUBMISSION_PORT: '587',
+      SMTP_SUBMISSION_TLS_PORT: '465',
+      SMTP_TLS_CERT_FILE: '/etc/tls/cert.pem',
+      SMTP_TLS_KEY_FILE: '/etc/tls/key.pem',
+      SMTP_MAX_MESSAGE_BYTES: '5242880',
       RATE_LIMIT_ORG_PER_SECOND: '300',
       MAX_TOKENS_PER_ORGANIZATION: '7',
       MAX_DOMAINS_PER_ORGANIZATION: '3',
@@ -117,6 +123,7 @@ describe('loadConfig defaults (contract 2)', () => {
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
       logLevel: 'warn',
+      smtpSubmission: { host: '0.0.0.0', port: 587, tlsPort: 465, certFile: '/etc/tls/cert.pem', keyFile: '/etc/tls/key.pem', maxMessageBytes: 5242880 },
       rateLimitOrgPerSecond: 300,
       maxTokensPerOrganization: 7,
       maxDomainsPerOrganization: 3,
@@ -132,6 +139,10 @@ describe('loadConfig defaults (contract 2)', () => {
     expect(loadConfig({ PUBLIC_URL: 'https://Mail.Acme.test' }).inbound.bounceDomain).toBe('mail.acme.test');
     expect(() => loadConfig({ BOUNCE_DOMAIN: 'not a host' })).toThrow(/BOUNCE_DOMAIN/);
     expect(() => loadConfig({ INBOUND_SMTP_PORT: '70000' })).toThrow(/INBOUND_SMTP_PORT/);
+  });
+
+  it('has SMTP submission on 127.0.0.1:2587 with 10 MiB messages by default', () => {
+    expect(loadConfig({}).smtpSubmission).toEqual({ host: '127.0.0.1', port: 2587, maxMessageBytes: 10 * 1024 * 1024 });
   });
 
   it('reads WORKER_QUEUES=all as every queue', () => {
@@ -195,10 +206,18 @@ describe('an invalid variable is named', () => {
     ['WORKER_METRICS_PORT', '123456'],
     ['ALLOW_UNVERIFIED_DOMAINS', 'maybe'],
     ['LOG_LEVEL', 'loud'],
+    ['SMTP_SUBMISSION_PORT', '70000'],
+    ['SMTP_MAX_MESSAGE_BYTES', '10'],
+    ['SMTP_SUBMISSION_TLS_PORT', '465'],
   ])('%s=%s', (variable, value) => {
     const found = problems({ [variable]: value });
     expect(found).toHaveLength(1);
     expect(found[0].startsWith(`${variable}: `)).toBe(true);
+  });
+
+  it('requires SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE together, naming the missing one', () => {
+    expect(problems({ SMTP_TLS_CERT_FILE: '/etc/tls/cert.pem' })).toEqual([expect.stringMatching(/^SMTP_TLS_KEY_FILE: /)]);
+    expect(problems({ SMTP_TLS_KEY_FILE: '/etc/tls/key.pem' })).toEqual([expect.stringMatching(/^SMTP_TLS_CERT_FILE: /)]);
   });
 
   it('requires SMTP_URL with MAIL_TRANSPORT=smtp', () => {

@@ -6,6 +6,7 @@ import { createRedis } from '../src/shared/redis.js';
 import { defineProcessor, startWorkers } from '../src/workers/runner.js';
 import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { runService, type ServiceProcess } from './helpers/process.js';
+import { openDialog } from './helpers/smtp-dialog.js';
 
 let ctx: TestContext;
 let token: string;
@@ -91,6 +92,11 @@ describe('npm start (src/main.ts)', () => {
     const { proc, port } = await startMain();
     try {
       expect(await request(port, '/healthz')).toEqual({ status: 200, body: '{"status":"ok"}' });
+      // SMTP submission runs in the same process (docs/smtp.md).
+      const smtpPort = Number(/SMTP submission on 127\.0\.0\.1:(\d+)/.exec(proc.stdout())?.[1]);
+      const dialog = await openDialog(smtpPort);
+      expect(dialog.greeting).toMatch(/^220 .*ESMTP/);
+      dialog.close();
       expect((await request(port, '/readyz')).status).toBe(200);
       proc.child.kill('SIGINT');
       expect(await proc.exited).toBe(0);

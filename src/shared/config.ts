@@ -108,6 +108,13 @@ const envSchema = z
     ADMIN_PASSWORD: z.string().min(1).optional(),
     ALLOW_UNVERIFIED_DOMAINS: booleanish.optional(),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    // SMTP submission (contract 19, docs/smtp.md): the listener, its TLS and its size limit.
+    SMTP_SUBMISSION_HOST: z.string().min(1).default('127.0.0.1'),
+    SMTP_SUBMISSION_PORT: z.coerce.number().int().min(0).max(65535).default(2587),
+    SMTP_SUBMISSION_TLS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+    SMTP_TLS_CERT_FILE: z.string().min(1).optional(),
+    SMTP_TLS_KEY_FILE: z.string().min(1).optional(),
+    SMTP_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).max(1024 * 1024 * 1024).default(10 * 1024 * 1024),
     // Security hardening (docs/security.md): limits per organization, whatever its tokens.
     // Requests a second per organization, every token and interface together; unset: 4 x RATE_LIMIT_PER_SECOND.
     RATE_LIMIT_ORG_PER_SECOND: optionalPositiveInt,
@@ -141,6 +148,13 @@ const envSchema = z
     }
     if (env.MAIL_TRANSPORT === 'smtp' && !env.SMTP_URL) {
       ctx.addIssue({ code: 'custom', path: ['SMTP_URL'], message: 'is required when MAIL_TRANSPORT=smtp' });
+    }
+    if ((env.SMTP_TLS_CERT_FILE === undefined) !== (env.SMTP_TLS_KEY_FILE === undefined)) {
+      const missing = env.SMTP_TLS_CERT_FILE === undefined ? 'SMTP_TLS_CERT_FILE' : 'SMTP_TLS_KEY_FILE';
+      ctx.addIssue({ code: 'custom', path: [missing], message: 'is required with the other of SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE' });
+    }
+    if (env.SMTP_SUBMISSION_TLS_PORT !== undefined && env.SMTP_TLS_CERT_FILE === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['SMTP_SUBMISSION_TLS_PORT'], message: 'needs SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE' });
     }
   });
 
@@ -186,6 +200,16 @@ export interface Config {
   adminPassword?: string;
   allowUnverifiedDomains: boolean;
   logLevel: string;
+  /** SMTP submission (contract 19). */
+  smtpSubmission: {
+    host: string;
+    port: number;
+    /** Implicit TLS listener, when set. */
+    tlsPort?: number;
+    certFile?: string;
+    keyFile?: string;
+    maxMessageBytes: number;
+  };
   // Security hardening (docs/security.md).
   rateLimitOrgPerSecond: number;
   maxTokensPerOrganization: number;
@@ -261,6 +285,14 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     adminPassword: e.ADMIN_PASSWORD,
     allowUnverifiedDomains: e.ALLOW_UNVERIFIED_DOMAINS ?? e.NODE_ENV !== 'production',
     logLevel: e.LOG_LEVEL,
+    smtpSubmission: {
+      host: e.SMTP_SUBMISSION_HOST,
+      port: e.SMTP_SUBMISSION_PORT,
+      tlsPort: e.SMTP_SUBMISSION_TLS_PORT,
+      certFile: e.SMTP_TLS_CERT_FILE,
+      keyFile: e.SMTP_TLS_KEY_FILE,
+      maxMessageBytes: e.SMTP_MAX_MESSAGE_BYTES,
+    },
     rateLimitOrgPerSecond: e.RATE_LIMIT_ORG_PER_SECOND ?? 4 * e.RATE_LIMIT_PER_SECOND,
     maxTokensPerOrganization: e.MAX_TOKENS_PER_ORGANIZATION,
     maxDomainsPerOrganization: e.MAX_DOMAINS_PER_ORGANIZATION,

@@ -35,6 +35,8 @@ export async function createTestEnv(overrides: Record<string, string> = {}): Pro
     MAIL_OUTBOX_DIR: `/tmp/mailroom-test-${suffix}/outbox`,
     // A child `npm start` of a test listens for bounces on a port of its own.
     INBOUND_SMTP_PORT: '0',
+    // `npm start` also listens for SMTP submission: never on a fixed port in tests.
+    SMTP_SUBMISSION_PORT: '0',
     ...overrides,
   };
   const config = loadConfig(env);

@@ -1,3 +1,4 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../../shared/container.js';
 import { WindowRateLimiter } from '../../shared/rate-limits/window.js';
@@ -61,19 +62,26 @@ function bearer(request: FastifyRequest): string | undefined {
   return match?.[1];
 }
 
+/**
+ * The token a secret belongs to, through the process's cache; null when there is none.
+ * The one lookup of every way in with a token (HTTP API, SMTP submission).
+ */
+export async function callerForSecret(em: EntityManager, cache: TokenCache, secret: string): Promise<Caller | null> {
+  const now = Date.now();
+  const entry = cache.get(secret, now);
+  if (entry) return entry.caller;
+  const token = await findTokenBySecret(em, secret);
+  const caller = token ? { organizationId: token.organizationId, tokenId: token.id, permissions: token.permissions } : null;
+  cache.set(secret, caller, now);
+  return caller;
+}
+
 export async function authenticate(services: Services, cache: TokenCache, request: FastifyRequest): Promise<Caller> {
   const secret = bearer(request);
   if (!secret) throw new AuthenticationError();
-  const now = Date.now();
-  let entry = cache.get(secret, now);
-  if (!entry) {
-    const token = await findTokenBySecret(request.em, secret);
-    const caller = token ? { organizationId: token.organizationId, tokenId: token.id, permissions: token.permissions } : null;
-    cache.set(secret, caller, now);
-    entry = { caller, expiresAt: 0 };
-  }
-  if (!entry.caller) throw new AuthenticationError('Missing or invalid API key', 'invalid_token');
-  return entry.caller;
+  const caller = await callerForSecret(request.em, cache, secret);
+  if (!caller) throw new AuthenticationError('Missing or invalid API key', 'invalid_token');
+  return caller;
 }
 
 /** The per-token limiter (contract 5): RATE_LIMIT_PER_SECOND per token, shared by every API process. */

@@ -5,6 +5,7 @@ import { assertSendingAllowed } from '../../shared/domains/sending-policy.js';
 import { SendEmailBody, newEmailFromBody } from '../../shared/emails/input.js';
 import { LAST_EVENTS, lastEvent } from '../../shared/emails/last-event.js';
 import { createEmails, EmailWriter, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
+import { listAttachments, type AttachmentSummary } from '../../shared/submission/store.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 
@@ -31,6 +32,8 @@ const EmailResource = EmailRow.extend({
   html: z.string().nullable(),
   text: z.string().nullable(),
   tags: z.array(Tag),
+  // Contract 19: the attachments of a message submitted over SMTP; empty for API email.
+  attachments: z.array(z.object({ filename: z.string().nullable(), content_type: z.string(), size: z.number().int() })),
 });
 
 function row(email: EmailListRow) {
@@ -49,15 +52,17 @@ function row(email: EmailListRow) {
   };
 }
 
-function resource(email: Email) {
+function resource(email: Email, attachments: AttachmentSummary[]) {
   return {
     object: 'email' as const,
     ...row(email),
     // Until the worker stores the rendered body, client HTML is shown as sent; a markdown or
-    // tiptap source is never returned as such (spec 2.6).
-    html: email.html ?? (email.contentKind === 'html' ? email.content : null),
+    // tiptap source is never returned as such (spec 2.6). A submitted message without an
+    // HTML part has none.
+    html: email.contentKind === 'message' ? email.html || email.content || null : (email.html ?? (email.contentKind === 'html' ? email.content : null)),
     text: email.text,
     tags: email.tags ?? [],
+    attachments,
   };
 }
 
@@ -156,6 +161,10 @@ export async function emailsRoutes(app: App): Promise<void> {
         response: { 200: EmailResource },
       },
     },
-    async (request) => resource(await getEmail(request.em, request.caller.organizationId, request.params.id)),
+    async (request) => {
+      const email = await getEmail(request.em, request.caller.organizationId, request.params.id);
+      // Only a submitted message can have attachments: no query for the others.
+      return resource(email, email.contentKind === 'message' ? await listAttachments(request.em, email.id) : []);
+    },
   );
 }

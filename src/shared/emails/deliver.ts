@@ -11,6 +11,7 @@ import { relayMessageId } from '../providers/relay-id.js';
 import { renderEmail } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
 import { recordEmailEvents, recordSentEmails } from '../webhooks/outbox.js';
+import { loadSubmittedParts } from '../submission/store.js';
 import { COPIES_SQL, SKIPPED_RECIPIENTS_SQL, SUPPRESSED_SQL, TO_ADDRESS_SQL, type SendGate } from '../outcomes/send-gate.js';
 
 /** The hand-over failed in a way that may succeed later: the job is retried. */
@@ -233,8 +234,15 @@ export class DeliveryStore {
       if (!this.links) throw new Error('campaign mail needs the unsubscribe link signer');
       return personalizeCampaignEmail(row, this.links);
     }
+    // Submitted over SMTP: sent as it came (an empty part is left out).
+    if (row.content_kind === 'message') return { subject: row.subject, html: row.content, text: row.text ?? '', headers: row.headers };
     const rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
     return { subject: row.subject, html: rendered.html, text: rendered.text, headers: row.headers };
+  }
+
+  /** The envelope, headers and attachments of a message submitted over SMTP. */
+  submitted(id: string) {
+    return loadSubmittedParts(this.orm.em.fork(), id);
   }
 
   markSent(record: SentRecord): Promise<void> {
@@ -347,6 +355,8 @@ export async function deliverEmail(
   let delivered: boolean;
   let response: string | undefined;
   try {
+    // Read inside the try: a failed read releases the claim and retries like a failed send.
+    const submitted = row.content_kind === 'message' ? await store.submitted(row.id) : undefined;
     ({ delivered, response } = await transport.send({
       id: row.id,
       organizationId: row.organization_id,
@@ -357,12 +367,13 @@ export async function deliverEmail(
       replyTo: row.reply_to,
       subject: rendered.subject,
       // Open/click tracking is added to the HTML handed over only (the stored one has none).
-      html: decorate ? decorate(rendered.html) : rendered.html,
+      html: decorate && rendered.html ? decorate(rendered.html) : rendered.html,
       text: rendered.text,
       messageId,
       fromDomain,
       headers: rendered.headers,
       skipRecipients: row.skip ?? undefined,
+      submitted,
       beforeCommit: fence
         ? async () => {
             const asked = performance.now();

@@ -8,7 +8,8 @@ import { NotFoundError, ValidationError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { QueueProducer } from '../queues/producer.js';
 import type { NewEmail } from './input.js';
-import { acceptRequests, IDEMPOTENCY_TTL_HOURS, type AcceptRequest, type AcceptResult, type CreatedEmails, type Idempotency } from './accept.js';
+import { inTransaction, type Sql } from '../subscribers/sql.js';
+import { acceptRequests, insertEmails, IDEMPOTENCY_TTL_HOURS, type AcceptRequest, type AcceptResult, type CreatedEmails, type Idempotency } from './accept.js';
 import { lastEventFilter, type LastEvent } from './last-event.js';
 
 /** The queue an email's send job goes to: campaign mail has its own, so transactional mail overtakes it. */
@@ -90,9 +91,24 @@ export async function createEmails(
   em: EntityManager,
   deps: CreateEmailsDeps,
   inputs: NewEmail[],
-  options: { idempotency?: Idempotency } = {},
+  options: {
+    idempotency?: Idempotency;
+    /** Rows that belong to the emails (e.g. attachments), written in the same transaction. */
+    alongside?: (sql: Sql, ids: string[]) => Promise<void>;
+  } = {},
 ): Promise<CreatedEmails> {
   if (inputs.length === 0) return { ids: [], replayed: false };
+  if (options.alongside && !options.idempotency) {
+    // Rows that belong to the emails go in the same transaction; enqueued after the commit.
+    const alongside = options.alongside;
+    const ids = await inTransaction(em, async (sql) => {
+      const written = await insertEmails(sql, inputs);
+      await alongside(sql, written);
+      return written;
+    });
+    await enqueueEmailSends(deps.producer, ids.map((id, i) => ({ id, source: inputs[i]!.source })), deps.logger, { fanOut: true });
+    return { ids, replayed: false };
+  }
   const [result] = await acceptRequests(em, [{ emails: inputs, idempotency: options.idempotency }]);
   if ('error' in result!) throw result.error;
   if (!result!.ok.replayed) {

@@ -6,6 +6,8 @@ import nodemailer, { type SendMailOptions, type Transporter } from 'nodemailer';
 import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import DKIM from 'nodemailer/lib/dkim/index.js';
 import type { Config } from '../config.js';
+import { withSubmittedParts } from '../submission/delivery.js';
+import type { SubmittedParts } from '../submission/store.js';
 import { createDkimSigner, defaultDkimThreads, type DkimSigner } from './dkim-pool.js';
 
 /** One message as handed to the provider. */
@@ -38,6 +40,8 @@ export interface OutgoingMessage {
    * discards the message.
    */
   beforeCommit?: () => Promise<void>;
+  /** A message submitted over SMTP: its envelope, headers and attachments (src/shared/submission). */
+  submitted?: SubmittedParts;
   /**
    * Called synchronously once `beforeCommit` resolved, right before the message is
    * committed (SMTP: in the turn of the event loop that writes the final `.`).
@@ -84,7 +88,7 @@ const CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_MAX_CONNECTIONS = 16;
 
 function mailOptions(message: OutgoingMessage): SendMailOptions {
-  return {
+  const options: SendMailOptions = {
     from: message.from,
     to: message.to,
     cc: message.cc ?? undefined,
@@ -99,6 +103,7 @@ function mailOptions(message: OutgoingMessage): SendMailOptions {
     disableFileAccess: true,
     disableUrlAccess: true,
   };
+  return message.submitted ? withSubmittedParts(options, message.submitted) : options;
 }
 
 /**

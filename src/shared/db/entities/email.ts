@@ -7,8 +7,11 @@ export type DeliveryStatus = 'delivered' | 'bounced' | 'complained';
 /**
  * `campaign`: a campaign email whose body is its campaign's template (`campaign_templates`),
  * personalised for the subscriber when the send path claims it; `content` is empty.
+ * `message`: a message submitted over SMTP, sent as submitted: `content` is its HTML part
+ * (empty when it has none), its headers, envelope and attachments are beside it
+ * (src/shared/submission).
  */
-export type ContentKind = 'html' | 'markdown' | 'tiptap' | 'campaign';
+export type ContentKind = 'html' | 'markdown' | 'tiptap' | 'campaign' | 'message';
 
 export interface EmailTag {
   name: string;

@@ -11,6 +11,7 @@ import { Migration20261125015000EmailsOrganizationTrigger } from './202611250150
 import { Migration20261125050000InboundReports } from './20261125050000-inbound-reports.js';
 import { Migration20261125040000Webhooks } from './20261125040000-webhooks.js';
 import { Migration20261125060000ProviderEvents } from './20261125060000-provider-events.js';
+import { Migration20261125070000Submissions } from './20261125070000-submissions.js';
 import { Migration20261125080000Users } from './20261125080000-users.js';
 
 /**
@@ -31,5 +32,6 @@ export const migrationsList = [
   { name: 'Migration20261125050000InboundReports', class: Migration20261125050000InboundReports },
   { name: 'Migration20261125040000Webhooks', class: Migration20261125040000Webhooks },
   { name: 'Migration20261125060000ProviderEvents', class: Migration20261125060000ProviderEvents },
+  { name: 'Migration20261125070000Submissions', class: Migration20261125070000Submissions },
   { name: 'Migration20261125080000Users', class: Migration20261125080000Users },
 ];

@@ -1,0 +1,36 @@
+import type { SendMailOptions } from 'nodemailer';
+import { parseMailbox } from '../emails/addresses.js';
+import type { SubmittedParts } from './store.js';
+
+/**
+ * How the send path hands over a submitted message (contract 19): to its envelope
+ * recipients (RCPT TO, less suppressed ones), with its own headers (less Bcc) and its
+ * attachments byte for byte. From, Reply-To and Subject come from the email row; To, Cc
+ * and the rest from the kept headers, so a Bcc recipient or an envelope-only recipient
+ * never shows in them. DKIM and tracking are added by the send path as for API email.
+ */
+export function withSubmittedParts(mail: SendMailOptions, parts: SubmittedParts): SendMailOptions {
+  const headers: Record<string, string | string[]> = {};
+  for (const [name, value] of parts.headers) {
+    const key = name.toLowerCase();
+    const seen = headers[key];
+    headers[key] = seen === undefined ? value : [...(Array.isArray(seen) ? seen : [seen]), value];
+  }
+  const from = typeof mail.from === 'string' ? (parseMailbox(mail.from)?.address ?? mail.from) : undefined;
+  return {
+    ...mail,
+    to: undefined,
+    cc: undefined,
+    bcc: undefined,
+    // Extra headers of the email row (none today for submitted mail) win over the submitted ones.
+    headers: { ...headers, ...(mail.headers as Record<string, string> | undefined) },
+    envelope: { from: from ?? false, to: parts.envelopeTo },
+    attachments: parts.attachments.map((a) => ({
+      filename: a.filename ?? undefined,
+      contentType: a.contentType,
+      contentDisposition: a.disposition,
+      cid: a.contentId ?? undefined,
+      content: a.content,
+    })),
+  };
+}

@@ -1,0 +1,235 @@
+import { simpleParser, type AddressObject, type EmailAddress, type HeaderLines, type ParsedMail } from 'mailparser';
+import type { EmailTag } from '../db/entities/email.js';
+import { isAddress } from '../emails/addresses.js';
+import { replies } from './reply.js';
+
+/**
+ * A message submitted over SMTP, read with mailparser and mapped to one email (contract
+ * 19): `to` is the first To address, `cc` the other To and Cc addresses, `bcc` the envelope
+ * recipients in neither header; html, text and subject come from the message and
+ * `X-Mailroom-Tags: name=value, ...` gives tags. What the delivery needs besides the email
+ * row (the envelope, the headers to keep, the attachments) is read here too.
+ */
+
+export interface SubmittedAttachment {
+  filename: string | null;
+  contentType: string;
+  disposition: 'attachment' | 'inline';
+  /** Content-ID without angle brackets (an inline image referred to as `cid:`). */
+  contentId: string | null;
+  content: Buffer;
+}
+
+export interface SubmittedMessage {
+  from: string;
+  to: string;
+  cc: string[] | null;
+  bcc: string[] | null;
+  replyTo: string[] | null;
+  subject: string;
+  /** The HTML part, '' when the message has none. */
+  html: string;
+  text: string | null;
+  tags: EmailTag[];
+  /** Headers delivered as submitted, in order: [name, value] (see keptHeaders). */
+  headers: [string, string][];
+  /** Every envelope recipient (RCPT TO), the ones the message is delivered to. */
+  envelopeTo: string[];
+  attachments: SubmittedAttachment[];
+}
+
+/** RFC 5322 2.1.1: a line is at most 998 characters, CRLF excluded. */
+export const MAX_LINE = 998;
+const MAX_TAGS = 50;
+const TAG_PART = /^[A-Za-z0-9_-]{1,256}$/;
+
+/**
+ * Headers not delivered as submitted: the ones the delivery writes itself (From, Subject,
+ * Reply-To from the email; To, Cc and Sender re-encoded from their decoded addresses;
+ * Message-ID is the service's, contract 11), the MIME structure nodemailer rebuilds around
+ * the parts, a signature the delivery would break, Bcc (never delivered), the envelope's
+ * Return-Path, and the service's own instructions (X-Mailroom-*).
+ */
+const REPLACED_HEADERS = new Set([
+  'from',
+  'subject',
+  'reply-to',
+  'to',
+  'cc',
+  'bcc',
+  'sender',
+  'message-id',
+  'mime-version',
+  'content-type',
+  'content-transfer-encoding',
+  'content-disposition',
+  'content-id',
+  'dkim-signature',
+  'return-path',
+]);
+const ADDRESS_HEADERS: Record<string, string> = { to: 'To', cc: 'Cc', sender: 'Sender' };
+
+/** The length of the longest line of `raw` (CR and LF excluded); stops early past `limit`. */
+export function longestLineOver(raw: Buffer, limit: number): boolean {
+  let start = 0;
+  for (;;) {
+    const lf = raw.indexOf(0x0a, start);
+    const end = lf === -1 ? raw.length : lf;
+    const length = end - start - (end > start && raw[end - 1] === 0x0d ? 1 : 0);
+    if (length > limit) return true;
+    if (lf === -1) return false;
+    start = lf + 1;
+  }
+}
+
+/** A display name as a phrase: quoted when it holds anything but letters, digits and atext. */
+function phrase(name: string): string {
+  return /^[\p{L}\p{N} !#$%&'*+\-/=?^_`{|}~.]+$/u.test(name) ? name : `"${name.replace(/(["\\])/g, '\\$1')}"`;
+}
+
+/** `Name <addr>` (the name quoted when it needs to be) or `addr`. */
+export function formatMailbox(mailbox: { name?: string; address?: string }): string {
+  const address = mailbox.address ?? '';
+  const name = (mailbox.name ?? '').replace(/[\r\n]+/g, ' ').trim();
+  return name ? `${phrase(name)} <${address}>` : address;
+}
+
+function formatAddressList(entries: EmailAddress[]): string {
+  return entries
+    .map((entry) => {
+      if (!entry.group) return formatMailbox(entry);
+      const name = entry.name.replace(/[\r\n]+/g, ' ').trim();
+      return `${name ? phrase(name) : '""'}:${entry.group.length > 0 ? ` ${formatAddressList(entry.group)}` : ''};`;
+    })
+    .join(', ');
+}
+
+function addressObjects(value: AddressObject | AddressObject[] | undefined): AddressObject[] {
+  if (!value) return [];
+  return Array.isArray(value) ? value : [value];
+}
+
+/** Mailboxes of an address header, groups flattened; ones that are not an address are left out. */
+function mailboxes(value: AddressObject | AddressObject[] | undefined): EmailAddress[] {
+  const out: EmailAddress[] = [];
+  const walk = (entries: EmailAddress[]) => {
+    for (const entry of entries) {
+      if (entry.group) walk(entry.group);
+      else if (entry.address && isAddress(entry.address)) out.push(entry);
+    }
+  };
+  for (const object of addressObjects(value)) walk(object.value);
+  return out;
+}
+
+/** A raw header line's value, unfolded; 8-bit text read as UTF-8 (mailparser gives it as latin1). */
+function rawValue(line: string): string {
+  const colon = line.indexOf(':');
+  const value = line.slice(colon + 1).replace(/\r?\n(?=[ \t])/g, '').trim();
+  if (!/[^\x00-\x7f]/.test(value)) return value;
+  const utf8 = Buffer.from(value, 'latin1').toString('utf8');
+  return utf8.includes('\ufffd') ? value : utf8;
+}
+
+/** Headers kept as submitted: everything but REPLACED_HEADERS and X-Mailroom-*. */
+function keptHeaders(mail: ParsedMail): [string, string][] {
+  const kept: [string, string][] = [];
+  const lines: HeaderLines = mail.headerLines;
+  for (const { key, line } of lines) {
+    if (REPLACED_HEADERS.has(key) || key.startsWith('x-mailroom-')) continue;
+    kept.push([line.slice(0, line.indexOf(':')).trim(), rawValue(line)]);
+  }
+  // To, Cc and Sender from their decoded addresses: an encoded name passed on as it was
+  // would be quoted by the composer and shown encoded.
+  for (const [key, name] of Object.entries(ADDRESS_HEADERS)) {
+    const objects = addressObjects(mail.headers.get(key) as AddressObject | AddressObject[] | undefined);
+    const entries = objects.flatMap((o) => o.value);
+    if (entries.length > 0) kept.push([name, formatAddressList(entries)]);
+  }
+  return kept;
+}
+
+function tagsOf(mail: ParsedMail): EmailTag[] {
+  const tags: EmailTag[] = [];
+  for (const { key, line } of mail.headerLines) {
+    if (key !== 'x-mailroom-tags') continue;
+    for (const item of rawValue(line).split(',')) {
+      const pair = item.trim();
+      if (!pair) continue;
+      const eq = pair.indexOf('=');
+      const name = eq === -1 ? pair : pair.slice(0, eq).trim();
+      const value = eq === -1 ? '' : pair.slice(eq + 1).trim();
+      if (!TAG_PART.test(name) || !TAG_PART.test(value)) {
+        throw replies.malformed(`X-Mailroom-Tags: "${pair.slice(0, 100)}" is not name=value of 1 to 256 ASCII letters, digits, _ or -`);
+      }
+      tags.push({ name, value });
+    }
+  }
+  if (tags.length > MAX_TAGS) throw replies.malformed(`X-Mailroom-Tags: at most ${MAX_TAGS} tags`);
+  return tags;
+}
+
+const hasNul = (value: string | null | undefined) => value !== null && value !== undefined && value.includes('\u0000');
+
+/**
+ * Reads a message as received after DATA. Throws an SmtpReplyError (554 5.6.0) for a
+ * message that cannot become an email: a line over 998 characters, no parseable From with
+ * exactly one address, bad tags, NUL characters in text.
+ */
+export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): Promise<SubmittedMessage> {
+  if (longestLineOver(raw, MAX_LINE)) throw replies.malformed(`Message has a line longer than ${MAX_LINE} characters (RFC 5322 2.1.1)`);
+  let mail: ParsedMail;
+  try {
+    mail = await simpleParser(raw, { keepCidLinks: true, skipHtmlToText: true, skipTextToHtml: true, skipTextLinks: true });
+  } catch {
+    throw replies.malformed('Message could not be parsed as MIME');
+  }
+  const fromList = mailboxes(mail.from);
+  if (addressObjects(mail.from).flatMap((o) => o.value).length !== 1 || fromList.length !== 1) {
+    throw replies.malformed('Message must have a From header with exactly one valid address');
+  }
+  const from = formatMailbox(fromList[0]!);
+  const subject = (mail.subject ?? '').replace(/[\r\n]+/g, ' ');
+  const html = typeof mail.html === 'string' ? mail.html : '';
+  const text = mail.text ?? null;
+  if (hasNul(subject) || hasNul(html) || hasNul(text)) throw replies.malformed('Message text contains NUL characters');
+  const tags = tagsOf(mail);
+
+  // Contract 19's mapping. Without any To address (`To: undisclosed-recipients:;`), `to` is
+  // the first Cc address, or else the first envelope recipient.
+  const toList = mailboxes(mail.to);
+  const ccList = mailboxes(mail.cc);
+  const inHeaders = new Set([...toList, ...ccList].map((m) => m.address!.toLowerCase()));
+  const envelopeOnly = envelopeTo.filter((address) => !inHeaders.has(address.toLowerCase()));
+  const listed = [...toList, ...ccList].map(formatMailbox);
+  const to = listed.shift() ?? envelopeOnly.shift()!;
+  const replyTo = mailboxes(mail.replyTo).map(formatMailbox);
+
+  const attachments = mail.attachments.map(
+    (a): SubmittedAttachment => ({
+      filename: a.filename ?? null,
+      contentType: a.contentType || 'application/octet-stream',
+      disposition: a.contentDisposition === 'inline' ? 'inline' : 'attachment',
+      contentId: a.cid ?? null,
+      content: a.content,
+    }),
+  );
+  const headers = keptHeaders(mail);
+  if (headers.some(([name, value]) => hasNul(name) || hasNul(value)) || attachments.some((a) => hasNul(a.filename) || hasNul(a.contentType) || hasNul(a.contentId))) {
+    throw replies.malformed('Message headers contain NUL characters');
+  }
+  return {
+    from,
+    to,
+    cc: listed.length > 0 ? listed : null,
+    bcc: envelopeOnly.length > 0 ? envelopeOnly : null,
+    replyTo: replyTo.length > 0 ? replyTo : null,
+    subject,
+    html,
+    text,
+    tags,
+    headers,
+    envelopeTo,
+    attachments,
+  };
+}

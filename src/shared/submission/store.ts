@@ -1,0 +1,89 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { Knex } from '@mikro-orm/knex';
+import type { NewEmail } from '../emails/input.js';
+import { createEmails, type CreateEmailsDeps } from '../emails/service.js';
+import type { SubmittedAttachment, SubmittedMessage } from './message.js';
+
+/**
+ * The data-access module of SMTP submission: the email row goes through the emails
+ * service (the one `POST /api/v2/emails` uses), and the envelope, kept headers and
+ * attachments are written in the same transaction, so a message is stored whole or not
+ * at all; its send job is enqueued after the commit.
+ */
+
+/** Bound parameters inside the caller's transaction (bytea travels as binary, not as SQL text). */
+async function run<T>(em: EntityManager, sql: string, params: unknown[]): Promise<T[]> {
+  const statement = em.getConnection().getKnex().raw(sql, params as never[]);
+  const trx = em.getTransactionContext<Knex.Transaction>();
+  return ((await (trx ? statement.transacting(trx) : statement)) as { rows: T[] }).rows;
+}
+
+export function submittedEmail(organizationId: string, message: SubmittedMessage): NewEmail {
+  return {
+    organizationId,
+    source: 'api',
+    from: message.from,
+    to: message.to,
+    subject: message.subject,
+    contentKind: 'message',
+    content: message.html,
+    text: message.text,
+    replyTo: message.replyTo,
+    cc: message.cc,
+    bcc: message.bcc,
+    tags: message.tags,
+  };
+}
+
+/** Stores the message as one email of the organization; answers its id once committed. */
+export async function storeSubmission(em: EntityManager, deps: CreateEmailsDeps, organizationId: string, message: SubmittedMessage): Promise<string> {
+  const { ids } = await createEmails(em, deps, [submittedEmail(organizationId, message)], {
+    alongside: async (sql, [id]) => {
+      await sql.query('insert into email_submissions (email_id, envelope_to, headers) values ($1, $2::text[], $3::jsonb)', [
+        id,
+        message.envelopeTo,
+        JSON.stringify(message.headers),
+      ]);
+      if (message.attachments.length === 0) return;
+      const params: unknown[] = [];
+      message.attachments.forEach((a, i) => params.push(id, i, a.filename, a.contentType, a.disposition, a.contentId, a.content.length, a.content));
+      const rows = message.attachments.map((_, i) => `(${Array.from({ length: 8 }, (__, j) => `$${i * 8 + j + 1}`).join(', ')})`);
+      await sql.query(`insert into email_attachments (email_id, position, filename, content_type, disposition, content_id, size, content) values ${rows.join(', ')}`, params);
+    },
+  });
+  return ids[0]!;
+}
+
+/** What the delivery of a submitted message needs besides the email row. */
+export interface SubmittedParts {
+  envelopeTo: string[];
+  headers: [string, string][];
+  attachments: SubmittedAttachment[];
+}
+
+/** The envelope, kept headers and attachments of a submitted email; undefined when it has none. */
+export async function loadSubmittedParts(em: EntityManager, emailId: string): Promise<SubmittedParts | undefined> {
+  const [row] = await run<{ envelope_to: string[]; headers: [string, string][] }>(em, 'select envelope_to, headers from email_submissions where email_id = ?', [emailId]);
+  if (!row) return undefined;
+  const attachments = await run<{ filename: string | null; content_type: string; disposition: 'attachment' | 'inline'; content_id: string | null; content: Buffer }>(
+    em,
+    'select filename, content_type, disposition, content_id, content from email_attachments where email_id = ? order by position',
+    [emailId],
+  );
+  return {
+    envelopeTo: row.envelope_to,
+    headers: row.headers,
+    attachments: attachments.map((a) => ({ filename: a.filename, contentType: a.content_type, disposition: a.disposition, contentId: a.content_id, content: a.content })),
+  };
+}
+
+export interface AttachmentSummary {
+  filename: string | null;
+  content_type: string;
+  size: number;
+}
+
+/** The attachments of an email as `GET /api/v2/emails/{id}` lists them (contract 19); no content read. */
+export async function listAttachments(em: EntityManager, emailId: string): Promise<AttachmentSummary[]> {
+  return run<AttachmentSummary>(em, 'select filename, content_type, size from email_attachments where email_id = ? order by position', [emailId]);
+}

@@ -1,0 +1,195 @@
+import { readFile } from 'node:fs/promises';
+import type { AddressInfo } from 'node:net';
+import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMTPServerSession } from 'smtp-server';
+import { callerForSecret, RateLimiter, TokenCache } from '../api/plugins/auth.js';
+import type { Services } from '../shared/container.js';
+import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
+import { isAddress } from '../shared/emails/addresses.js';
+import { readSubmittedMessage } from '../shared/submission/message.js';
+import { replies, SmtpReplyError } from '../shared/submission/reply.js';
+import { storeSubmission } from '../shared/submission/store.js';
+import { holds } from '../shared/tokens/permissions.js';
+import type { Caller } from '../shared/tokens/service.js';
+
+/** Contract 19: at most this many envelope recipients a message. */
+export const MAX_RECIPIENTS = 50;
+
+export interface SubmissionListener {
+  /** The bound ports (SMTP_SUBMISSION_PORT=0 lets the OS choose). */
+  port: number;
+  tlsPort?: number;
+  close(): Promise<void>;
+}
+
+export interface SubmissionOptions {
+  /** How long `close` lets open sessions finish before it drops them (ms). */
+  closeTimeoutMs?: number;
+}
+
+// An idle pooled client keeps its session open; shutdown waits this long at most for it.
+const CLOSE_TIMEOUT_MS = 10_000;
+
+/** What onAuth keeps in a session: the token's secret is looked up again for each message. */
+interface SessionUser {
+  caller: Caller;
+  secret: string;
+}
+
+/** The authenticated token of a session (set by onAuth). */
+function callerOf(session: SMTPServerSession): Caller {
+  return (session.user as SessionUser).caller;
+}
+
+function asReply(error: unknown, services: Services, what: string): Error {
+  if (error instanceof SmtpReplyError) return error;
+  services.logger.warn({ err: error }, `smtp submission: ${what} failed`);
+  return replies.tryLater();
+}
+
+/** Reads DATA whole; resolves undefined when the client went away before the end. */
+function readData(stream: SMTPServerDataStream): Promise<Buffer | undefined> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    let settled = false;
+    const finish = (value: Buffer | undefined) => {
+      if (settled) return;
+      settled = true;
+      resolve(value);
+    };
+    stream.on('data', (chunk: Buffer) => {
+      // Past the limit the rest is read and dropped: the reply is 552 either way.
+      if (!stream.sizeExceeded) chunks.push(chunk);
+    });
+    stream.once('end', () => finish(Buffer.concat(chunks)));
+    stream.once('error', () => finish(undefined));
+    stream.once('close', () => finish(undefined));
+  });
+}
+
+/**
+ * The SMTP submission listener (contract 19, docs/smtp.md): AUTH PLAIN or LOGIN with an
+ * API token as the password (the HTTP API's lookup and per-token rate limit), then each
+ * message is read, checked like `POST /api/v2/emails`, and stored with its attachments in
+ * one transaction before the final `250 2.0.0 OK eml_...`.
+ */
+export async function startSubmission(services: Services, options: SubmissionOptions = {}): Promise<SubmissionListener> {
+  const settings = services.config.smtpSubmission;
+  const production = services.config.nodeEnv === 'production';
+  const tokenCache = new TokenCache();
+  const limiter = new RateLimiter(services);
+  const deps = { producer: services.producer, logger: services.logger };
+  const max = settings.maxMessageBytes;
+
+  let tls: { key: Buffer; cert: Buffer } | undefined;
+  if (settings.certFile && settings.keyFile) {
+    const read = (file: string, variable: string) =>
+      readFile(file).catch((error: NodeJS.ErrnoException) => {
+        throw new Error(`${variable}: cannot read ${file} (${error.code ?? error.message})`);
+      });
+    tls = { cert: await read(settings.certFile, 'SMTP_TLS_CERT_FILE'), key: await read(settings.keyFile, 'SMTP_TLS_KEY_FILE') };
+  } else if (production) {
+    services.logger.warn('SMTP submission has no certificate (SMTP_TLS_CERT_FILE, SMTP_TLS_KEY_FILE): AUTH is refused over plain text in production');
+  }
+
+  const handlers: SMTPServerOptions = {
+    banner: 'mailroom submission',
+    logger: false,
+    authMethods: ['PLAIN', 'LOGIN'],
+    authOptional: false,
+    authRequiredMessage: replies.authRequired,
+    // Checked in onAuth, so that the refusal carries its enhanced status code.
+    allowInsecureAuth: true,
+    // The limit is enforced here (552 5.3.4), not by the library's reply without a status code.
+    size: max,
+    hideSize: true,
+    hideDSN: true,
+    hideSMTPUTF8: true,
+    closeTimeout: options.closeTimeoutMs ?? CLOSE_TIMEOUT_MS,
+    ...(tls ? { key: tls.key, cert: tls.cert } : { disabledCommands: ['STARTTLS'] }),
+
+    onAuth(auth, session, callback) {
+      if (!session.secure && production) return callback(replies.encryptionRequired());
+      const secret = auth.password ?? '';
+      callerForSecret(services.orm.em.fork(), tokenCache, secret).then(
+        (caller) => {
+          if (!caller || !holds(caller.permissions, 'emails')) return callback(replies.badCredentials());
+          callback(null, { user: { caller, secret } satisfies SessionUser });
+        },
+        (error: unknown) => callback(asReply(error, services, 'token lookup')),
+      );
+    },
+
+    onMailFrom(address, session, callback) {
+      const size = Number(address.args && typeof address.args === 'object' ? (address.args as Record<string, unknown>).SIZE : undefined);
+      if (Number.isFinite(size) && size > max) return callback(replies.tooBig(max));
+      const { secret } = session.user as SessionUser;
+      // A session outlives its AUTH (pooled clients keep it open): the token is looked up
+      // again for every message (the process's cache, as for every HTTP request), so a
+      // revoked one stops sending on open sessions too.
+      callerForSecret(services.orm.em.fork(), tokenCache, secret)
+        .then(async (caller) => {
+          if (!caller || !holds(caller.permissions, 'emails')) throw replies.badCredentials();
+          const decision = await limiter.take(caller.tokenId);
+          if (!decision.allowed) throw replies.rateLimited(decision.limit);
+          // The organization's limit too, counted with its HTTP requests (RATE_LIMIT_ORG_PER_SECOND).
+          const organization = await services.orgLimiter.take(caller.organizationId);
+          if (!organization.allowed) throw replies.rateLimited(organization.limit, 'organization');
+        })
+        .then(
+          () => callback(null),
+          (error: unknown) => callback(asReply(error, services, 'token check')),
+        );
+    },
+
+    onRcptTo(address, session, callback) {
+      if (!isAddress(address.address)) return callback(replies.badRecipient());
+      const known = session.envelope.rcptTo.some((r) => r.address.toLowerCase() === address.address.toLowerCase());
+      if (!known && session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(replies.tooManyRecipients(MAX_RECIPIENTS));
+      callback();
+    },
+
+    onData(stream, session, callback) {
+      const caller = callerOf(session);
+      const envelopeTo = session.envelope.rcptTo.map((r) => r.address);
+      readData(stream)
+        .then(async (raw) => {
+          if (raw === undefined) throw replies.malformed('Connection closed before the end of the message');
+          if (stream.sizeExceeded) throw replies.tooBig(max);
+          const message = await readSubmittedMessage(raw, envelopeTo);
+          const em = services.orm.em.fork();
+          // The API's one sending policy (contract 12); no query unless ALLOW_UNVERIFIED_DOMAINS=false.
+          const problem = await sendingPolicyProblem(em, services.config, caller.organizationId, message.from);
+          if (problem) throw replies.notAllowed(`From: ${problem}`);
+          return storeSubmission(em, deps, caller.organizationId, message);
+        })
+        .then(
+          (id) => callback(null, `2.0.0 OK ${id}`),
+          (error: unknown) => callback(asReply(error, services, 'storing a message')),
+        );
+    },
+  };
+
+  const servers: SMTPServer[] = [];
+  const listen = async (server: SMTPServer, port: number): Promise<number> => {
+    servers.push(server);
+    server.on('error', (error) => services.logger.warn({ err: error }, 'smtp submission connection error'));
+    await new Promise<void>((resolve, reject) => {
+      server.server.once('error', reject);
+      server.listen(port, settings.host, () => {
+        server.server.off('error', reject);
+        resolve();
+      });
+    });
+    return (server.server.address() as AddressInfo).port;
+  };
+
+  const port = await listen(new SMTPServer({ ...handlers, secure: false }), settings.port);
+  const tlsPort = tls && settings.tlsPort !== undefined ? await listen(new SMTPServer({ ...handlers, secure: true }), settings.tlsPort) : undefined;
+  return {
+    port,
+    tlsPort,
+    async close() {
+      await Promise.all(servers.map((server) => new Promise<void>((resolve) => server.close(() => resolve()))));
+    },
+  };
+}

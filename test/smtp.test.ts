@@ -1,0 +1,482 @@
+import { execFile } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { Resolver } from 'node:dns/promises';
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { dkimVerify } from 'mailauth/lib/dkim/verify.js';
+import { simpleParser } from 'mailparser';
+import nodemailer from 'nodemailer';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRedis } from '../src/shared/redis.js';
+import { startSubmission, type SubmissionListener } from '../src/smtp/server.js';
+import { readSubmittedMessage } from '../src/shared/submission/message.js';
+import { emailSendProcessor } from '../src/workers/emails.js';
+import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { runService } from './helpers/process.js';
+import { openDialog } from './helpers/smtp-dialog.js';
+import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+
+// Contract 19: SMTP submission end to end, with two clients we did not write (nodemailer as
+// an application uses it, Python's smtplib), and every kind of bad input refused with its
+// reply and nothing stored.
+
+let ctx: TestContext;
+let dns: TestDnsServer;
+let sink: SmtpSink;
+let workers: RunningWorkers;
+let listener: SubmissionListener;
+let token: string;
+const connections: { disconnect(): void }[] = [];
+
+beforeAll(async () => {
+  dns = await startDnsServer();
+  sink = await startSmtpSink();
+  ctx = await createTestContext({
+    DNS_SERVERS: dns.address,
+    MAIL_TRANSPORT: 'smtp',
+    SMTP_URL: sink.url,
+    ALLOW_UNVERIFIED_DOMAINS: 'false',
+    SMTP_SUBMISSION_PORT: '0',
+    SMTP_MAX_MESSAGE_BYTES: String(256 * 1024),
+  });
+  const connection = createRedis(ctx.env.config.redisUrl, 'worker');
+  connections.push(connection);
+  workers = await startWorkers(ctx.services, connection, [emailSendProcessor('emails', { reconcileGraceMs: 60_000 })]);
+  ({ token } = await createOrg(ctx.services));
+  // A sending domain with its DKIM key published on the test DNS server, VERIFIED.
+  const created = (await api('POST', '/domains', { domain: 'acme.test' })).json();
+  const dkim = (created.dnsRecords as Array<{ purpose: string; name: string; value: string }>).find((r) => r.purpose === 'dkim')!;
+  dns.set(dkim.name, { txt: [dkim.value], ttl: 300 });
+  await ctx.services.orm.em.fork().execute(`update domains set status = 'VERIFIED' where id = ?`, [created.id]);
+  listener = await startSubmission(ctx.services, { closeTimeoutMs: 200 });
+});
+
+afterAll(async () => {
+  await listener?.close();
+  await workers?.close();
+  for (const c of connections) c.disconnect();
+  await ctx?.close();
+  await sink?.close();
+  await dns?.close();
+});
+
+function api(method: 'GET' | 'POST', url: string, body?: unknown, as = token) {
+  return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(as), ...(body === undefined ? {} : { payload: body as object }) });
+}
+
+async function until<T>(read: () => Promise<T>, done: (v: T) => boolean, timeoutMs = 15_000): Promise<T> {
+  const started = Date.now();
+  for (;;) {
+    const value = await read();
+    if (done(value)) return value;
+    if (Date.now() - started > timeoutMs) throw new Error(`timed out; last value ${JSON.stringify(value).slice(0, 500)}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function dkimResult(raw: Buffer) {
+  const resolver = new Resolver();
+  resolver.setServers([dns.address]);
+  const result = await dkimVerify(raw, { resolver: (name: string, type: string) => resolver.resolve(name, type as 'TXT') } as never);
+  return (result as { results: Array<{ signingDomain: string; status: { result: string } }> }).results[0];
+}
+
+const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
+
+async function counts() {
+  const [row] = await ctx.services.orm.em.fork().execute<{ emails: string; submissions: string; attachments: string }[]>(
+    `select (select count(*) from emails) as emails, (select count(*) from email_submissions) as submissions,
+            (select count(*) from email_attachments) as attachments`,
+  );
+  return row!;
+}
+
+function client(pass = token) {
+  return nodemailer.createTransport({ host: '127.0.0.1', port: listener.port, secure: false, auth: { user: 'my-app', pass } });
+}
+
+describe('SMTP submission (contract 19)', () => {
+  it('nodemailer submits a message with an attachment: stored, delivered intact, signed, tracked, listed', async () => {
+    const pdf = randomBytes(40_000);
+    const logo = randomBytes(3_000);
+    const transport = client();
+    const info = await transport.sendMail({
+      from: 'Acme Billing <billing@acme.test>',
+      to: ['Jane Doe <jane@example.com>', 'joe@example.com'],
+      cc: 'boss@example.com',
+      bcc: 'audit@example.com',
+      replyTo: 'help@acme.test',
+      subject: 'Your invoice ✓',
+      text: 'Your invoice is attached.',
+      html: '<p>Your invoice is attached. <a href="https://acme.test/account">Account</a></p><img src="cid:logo@acme.test" alt="Acme">',
+      headers: { 'X-Mailroom-Tags': 'kind=invoice, plan=pro', 'X-App-Request': 'req-42' },
+      attachments: [
+        { filename: 'invoice.pdf', content: pdf, contentType: 'application/pdf' },
+        { filename: 'logo.png', content: logo, contentType: 'image/png', cid: 'logo@acme.test' },
+      ],
+    });
+    transport.close();
+    const id = /^250 2\.0\.0 OK (eml_[0-9a-z]{26})$/.exec(info.response)?.[1];
+    expect(id, info.response).toBeDefined();
+
+    const email = await until(() => api('GET', `/emails/${id}`).then((r) => r.json()), (e) => e.last_event === 'sent');
+    expect(email).toMatchObject({
+      from: 'Acme Billing <billing@acme.test>',
+      to: ['Jane Doe <jane@example.com>'],
+      cc: ['joe@example.com', 'boss@example.com'],
+      bcc: ['audit@example.com'],
+      reply_to: ['help@acme.test'],
+      subject: 'Your invoice ✓',
+      text: 'Your invoice is attached.',
+      tags: [
+        { name: 'kind', value: 'invoice' },
+        { name: 'plan', value: 'pro' },
+      ],
+      // In the order of the message's parts (nodemailer puts the inline image with the HTML).
+      attachments: [
+        { filename: 'logo.png', content_type: 'image/png', size: logo.length },
+        { filename: 'invoice.pdf', content_type: 'application/pdf', size: pdf.length },
+      ],
+      message_id: `${id}@acme.test`,
+    });
+    const listed = (await api('GET', '/emails')).json();
+    expect(listed.data.map((e: { id: string }) => e.id)).toContain(id);
+
+    const index = sink.messages.findIndex((m) => m.messageId === `<${id}@acme.test>`);
+    expect(index).toBeGreaterThanOrEqual(0);
+    const mail = sink.messages[index]!;
+    const raw = sink.raw[index]!;
+    // Every envelope recipient, the Bcc one included, and nobody else.
+    expect([...sink.envelopes[index]!].sort()).toEqual(['audit@example.com', 'boss@example.com', 'jane@example.com', 'joe@example.com']);
+    // Headers as submitted, less Bcc and the service's own instruction.
+    expect(mail.headers.get('x-app-request')).toBe('req-42');
+    expect(mail.headers.has('bcc')).toBe(false);
+    expect(mail.headers.has('x-mailroom-tags')).toBe(false);
+    expect(raw.toString('latin1')).not.toContain('audit@example.com');
+    expect((mail.to as { value: Array<{ address: string }> }).value.map((a) => a.address)).toEqual(['jane@example.com', 'joe@example.com']);
+    expect((mail.cc as { value: Array<{ address: string }> }).value.map((a) => a.address)).toEqual(['boss@example.com']);
+    expect(mail.subject).toBe('Your invoice ✓');
+    // The attachment byte for byte.
+    expect(mail.attachments).toHaveLength(2);
+    const [invoice, image] = [...mail.attachments].sort((a, b) => (a.filename ?? '').localeCompare(b.filename ?? ''));
+    expect(invoice!.filename).toBe('invoice.pdf');
+    expect(sha256(invoice!.content)).toBe(sha256(pdf));
+    // The inline image keeps its Content-ID, and the HTML still refers to it.
+    expect(image).toMatchObject({ filename: 'logo.png', cid: 'logo@acme.test', contentDisposition: 'inline' });
+    expect(sha256(image!.content)).toBe(sha256(logo));
+    expect((await simpleParser(raw, { keepCidLinks: true })).html).toContain('src="cid:logo@acme.test"');
+    // Tracked as API email is (the organization's defaults), and DKIM-signed over that.
+    expect(mail.html).toContain('/t/o/');
+    expect(mail.html).toContain('/t/c/');
+    expect(mail.html).not.toContain('href="https://acme.test/account"');
+    const dkim = await dkimResult(raw);
+    expect(dkim?.signingDomain).toBe('acme.test');
+    expect(dkim?.status.result).toBe('pass');
+  });
+
+  it("Python's smtplib submits a message with an attachment (AUTH LOGIN) that arrives intact", async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'mailroom-smtplib-'));
+    const file = join(dir, 'report.pdf');
+    const pdf = randomBytes(25_000);
+    await writeFile(file, pdf);
+    const script = `
+import os, smtplib, sys
+from email.message import EmailMessage
+msg = EmailMessage()
+msg['From'] = 'Reports <reports@acme.test>'
+msg['To'] = 'ops@example.com'
+msg['Subject'] = 'Nightly report'
+msg['X-Mailroom-Tags'] = 'kind=report'
+msg.set_content('The nightly report is attached.')
+msg.add_alternative('<p>The nightly <b>report</b> is attached.</p>', subtype='html')
+with open(sys.argv[1], 'rb') as f:
+    msg.add_attachment(f.read(), maintype='application', subtype='pdf', filename='report.pdf')
+with smtplib.SMTP('127.0.0.1', int(os.environ['SMTP_PORT']), timeout=10) as s:
+    s.ehlo()
+    s.esmtp_features['auth'] = 'LOGIN'
+    s.login('reports-app', os.environ['SMTP_TOKEN'])
+    s.send_message(msg)
+print('sent')
+`;
+    const { stdout } = await promisify(execFile)('python3', ['-c', script, file], {
+      env: { ...process.env, SMTP_PORT: String(listener.port), SMTP_TOKEN: token },
+      timeout: 20_000,
+    });
+    expect(stdout.trim()).toBe('sent');
+
+    const listed = await until(
+      () => api('GET', '/emails').then((r) => r.json() as Promise<{ data: Array<{ id: string; subject: string; last_event: string }> }>),
+      (l) => l.data.some((e) => e.subject === 'Nightly report' && e.last_event === 'sent'),
+    );
+    const id = listed.data.find((e) => e.subject === 'Nightly report')!.id;
+    const email = (await api('GET', `/emails/${id}`)).json();
+    expect(email).toMatchObject({
+      from: 'Reports <reports@acme.test>',
+      to: ['ops@example.com'],
+      tags: [{ name: 'kind', value: 'report' }],
+      attachments: [{ filename: 'report.pdf', content_type: 'application/pdf', size: pdf.length }],
+    });
+    const index = sink.messages.findIndex((m) => m.messageId === `<${id}@acme.test>`);
+    const mail = sink.messages[index]!;
+    expect(sha256(mail.attachments[0]!.content)).toBe(sha256(pdf));
+    expect(mail.text?.trim()).toBe('The nightly report is attached.');
+    expect(mail.html).toContain('<b>report</b>');
+    expect((await dkimResult(sink.raw[index]!))?.status.result).toBe('pass');
+  });
+
+  it('a message without a To address keeps its own To header and goes to the envelope only', async () => {
+    const dialog = await openDialog(listener.port);
+    await dialog.send('EHLO client.test');
+    expect(await dialog.auth(token)).toMatch(/^235 /);
+    expect(await dialog.send('MAIL FROM:<app@acme.test>')).toMatch(/^250 /);
+    expect(await dialog.send('RCPT TO:<hidden1@example.com>')).toMatch(/^250 /);
+    expect(await dialog.send('RCPT TO:<hidden2@example.com>')).toMatch(/^250 /);
+    expect(await dialog.send('DATA')).toMatch(/^354 /);
+    dialog.write('From: app@acme.test\r\nTo: undisclosed-recipients:;\r\nSubject: Quiet\r\n\r\nplain text only\r\n.\r\n');
+    const reply = await dialog.reply();
+    dialog.close();
+    const id = /^250 2\.0\.0 OK (eml_\w+)$/.exec(reply)?.[1];
+    expect(id, reply).toBeDefined();
+    const email = await until(() => api('GET', `/emails/${id}`).then((r) => r.json()), (e) => e.last_event === 'sent');
+    expect(email).toMatchObject({ to: ['hidden1@example.com'], cc: null, bcc: ['hidden2@example.com'], html: null, attachments: [] });
+    const index = sink.messages.findIndex((m) => m.messageId === `<${id}@acme.test>`);
+    expect([...sink.envelopes[index]!].sort()).toEqual(['hidden1@example.com', 'hidden2@example.com']);
+    const raw = sink.raw[index]!.toString();
+    expect(raw).toMatch(/^To: "?undisclosed-recipients"?:;\r?$/m);
+    expect(raw).not.toContain('hidden');
+    expect(sink.messages[index]!.html).toBe(false);
+  });
+
+  it('API email answers an empty attachments list; attachments go with their email', async () => {
+    const sent = (await api('POST', '/emails', { from: 'a@acme.test', to: 'x@example.com', subject: 'API', html: '<p>hi</p>' })).json();
+    expect((await api('GET', `/emails/${sent.id}`)).json().attachments).toEqual([]);
+
+    const transport = client();
+    const info = await transport.sendMail({ from: 'a@acme.test', to: 'y@example.com', subject: 'Gone', text: 'x', attachments: [{ filename: 'a.txt', content: 'abc' }] });
+    transport.close();
+    const id = /OK (eml_\w+)/.exec(info.response)![1]!;
+    const em = ctx.services.orm.em.fork();
+    const before = await em.execute<{ n: string }[]>('select count(*) as n from email_attachments where email_id = ?', [id]);
+    expect(Number(before[0]!.n)).toBe(1);
+    await until(() => api('GET', `/emails/${id}`).then((r) => r.json()), (e) => e.last_event === 'sent');
+    await em.execute('delete from emails where id = ?', [id]);
+    const after = await em.execute<{ a: string; s: string }[]>(
+      'select (select count(*) from email_attachments where email_id = ?) as a, (select count(*) from email_submissions where email_id = ?) as s',
+      [id, id],
+    );
+    expect(after[0]).toEqual({ a: '0', s: '0' });
+  });
+});
+
+describe('bad input gets its reply and stores nothing', () => {
+  async function session() {
+    const dialog = await openDialog(listener.port);
+    await dialog.send('EHLO client.test');
+    return dialog;
+  }
+
+  async function submit(data: string | Buffer, rcpts = ['r@example.com']) {
+    const dialog = await session();
+    expect(await dialog.auth(token)).toMatch(/^235 /);
+    expect(await dialog.send('MAIL FROM:<app@acme.test>')).toMatch(/^250 /);
+    for (const r of rcpts) expect(await dialog.send(`RCPT TO:<${r}>`)).toMatch(/^250 /);
+    expect(await dialog.send('DATA')).toMatch(/^354 /);
+    dialog.write(data);
+    dialog.write('\r\n.\r\n');
+    const reply = await dialog.reply();
+    dialog.close();
+    return reply;
+  }
+
+  it('a wrong token, a token without "emails", and no AUTH at all', async () => {
+    const before = await counts();
+    const wrong = await session();
+    expect(await wrong.auth(`svc_${'0'.repeat(64)}`)).toMatch(/^535 5\.7\.8 /);
+    expect(await wrong.send('MAIL FROM:<app@acme.test>')).toMatch(/^530 5\.7\.0 /);
+    wrong.close();
+
+    const created = await api('POST', '/tokens', { name: 'subscribers only', permissions: ['subscribers'] });
+    const limited = await session();
+    expect(await limited.auth(created.json().token)).toMatch(/^535 5\.7\.8 /);
+    limited.close();
+
+    const anonymous = await session();
+    expect(await anonymous.send('MAIL FROM:<app@acme.test>')).toMatch(/^530 5\.7\.0 /);
+    expect(await anonymous.send('RCPT TO:<r@example.com>')).toMatch(/^530 5\.7\.0 /);
+    anonymous.close();
+
+    // nodemailer sees the refusal as an authentication error.
+    await expect(client('svc_nope').sendMail({ from: 'a@acme.test', to: 'r@example.com', text: 'x' })).rejects.toMatchObject({ code: 'EAUTH', responseCode: 535 });
+    expect(await counts()).toEqual(before);
+  });
+
+  it('too many recipients: 452 4.5.3 past 50', async () => {
+    const dialog = await session();
+    await dialog.auth(token);
+    await dialog.send('MAIL FROM:<app@acme.test>');
+    for (let i = 0; i < 50; i++) expect(await dialog.send(`RCPT TO:<r${i}@example.com>`)).toMatch(/^250 /);
+    expect(await dialog.send('RCPT TO:<r50@example.com>')).toMatch(/^452 4\.5\.3 /);
+    // A recipient already given is not a new one.
+    expect(await dialog.send('RCPT TO:<r0@example.com>')).toMatch(/^250 /);
+    expect(await dialog.send('RCPT TO:<not an address>')).toMatch(/^5\d\d /);
+    dialog.close();
+  });
+
+  it('too large: 552 5.3.4 at MAIL SIZE= and after DATA', async () => {
+    const before = await counts();
+    const dialog = await session();
+    await dialog.auth(token);
+    expect(await dialog.send(`MAIL FROM:<app@acme.test> SIZE=${256 * 1024 + 1}`)).toMatch(/^552 5\.3\.4 /);
+    dialog.close();
+    const big = `From: app@acme.test\r\nTo: r@example.com\r\nSubject: big\r\n\r\n${'x'.repeat(900).concat('\r\n').repeat(300)}`;
+    expect(await submit(big)).toMatch(/^552 5\.3\.4 /);
+    expect(await counts()).toEqual(before);
+  });
+
+  it('a From domain the organization may not use: 550 5.7.1', async () => {
+    const before = await counts();
+    const reply = await submit('From: someone@elsewhere.test\r\nTo: r@example.com\r\nSubject: spoof\r\n\r\nhello');
+    expect(reply).toMatch(/^550 5\.7\.1 .*elsewhere\.test/);
+    const transport = client();
+    await expect(transport.sendMail({ from: 'x@unverified.test', to: 'r@example.com', text: 'x' })).rejects.toMatchObject({ responseCode: 550 });
+    transport.close();
+    expect(await counts()).toEqual(before);
+  });
+
+  it('malformed messages: no From, two From addresses, a line over 998 characters, bad tags', async () => {
+    const before = await counts();
+    expect(await submit('this is not a message at all')).toMatch(/^554 5\.6\.0 /);
+    expect(await submit('From: a@acme.test, b@acme.test\r\nSubject: two\r\n\r\nx')).toMatch(/^554 5\.6\.0 /);
+    expect(await submit(`From: a@acme.test\r\nSubject: long\r\n\r\n${'y'.repeat(999)}`)).toMatch(/^554 5\.6\.0 .*998/);
+    expect(await submit('From: a@acme.test\r\nX-Mailroom-Tags: bad tag=1\r\nSubject: tags\r\n\r\nx')).toMatch(/^554 5\.6\.0 X-Mailroom-Tags/);
+    expect(await counts()).toEqual(before);
+  });
+
+  it('a client that disconnects mid-DATA leaves nothing, and the listener keeps serving', async () => {
+    const before = await counts();
+    const dialog = await session();
+    await dialog.auth(token);
+    await dialog.send('MAIL FROM:<app@acme.test>');
+    await dialog.send('RCPT TO:<r@example.com>');
+    expect(await dialog.send('DATA')).toMatch(/^354 /);
+    dialog.write('From: app@acme.test\r\nTo: r@example.com\r\nSubject: cut\r\n\r\nhalf a mes');
+    await new Promise((r) => setTimeout(r, 50));
+    dialog.close();
+    await dialog.closed;
+    await new Promise((r) => setTimeout(r, 100));
+    expect(await counts()).toEqual(before);
+    const reply = await submit('From: app@acme.test\r\nTo: r@example.com\r\nSubject: after\r\n\r\nstill here');
+    expect(reply).toMatch(/^250 2\.0\.0 OK eml_/);
+  });
+});
+
+describe('limits that need their own settings', () => {
+  let other: TestContext;
+  let otherListener: SubmissionListener;
+  let tlsListener: SubmissionListener;
+  let otherToken: string;
+
+  beforeAll(async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'mailroom-smtp-tls-'));
+    await promisify(execFile)('openssl', [
+      'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=localhost',
+      '-keyout', join(dir, 'key.pem'), '-out', join(dir, 'cert.pem'),
+    ]);
+    other = await createTestContext({
+      NODE_ENV: 'production',
+      RATE_LIMIT_PER_SECOND: '2',
+      SMTP_SUBMISSION_PORT: '0',
+      SMTP_SUBMISSION_TLS_PORT: '0',
+      SMTP_TLS_CERT_FILE: join(dir, 'cert.pem'),
+      SMTP_TLS_KEY_FILE: join(dir, 'key.pem'),
+      ALLOW_UNVERIFIED_DOMAINS: 'true',
+    });
+    ({ token: otherToken } = await createOrg(other.services));
+    otherListener = await startSubmission(other.services, { closeTimeoutMs: 200 });
+    tlsListener = otherListener;
+  });
+  afterAll(async () => {
+    await otherListener?.close();
+    await other?.close();
+  });
+
+  it('in production, AUTH before STARTTLS is 538 5.7.11; after STARTTLS it works, and implicit TLS too', async () => {
+    const dialog = await openDialog(otherListener.port);
+    const ehlo = await dialog.send('EHLO client.test');
+    expect(ehlo).toContain('STARTTLS');
+    expect(await dialog.auth(otherToken)).toMatch(/^538 5\.7\.11 /);
+    expect(await dialog.send('STARTTLS')).toMatch(/^220 /);
+    await dialog.startTls();
+    await dialog.send('EHLO client.test');
+    expect(await dialog.auth(otherToken)).toMatch(/^235 /);
+    dialog.close();
+
+    const implicit = nodemailer.createTransport({ host: '127.0.0.1', port: tlsListener.tlsPort!, secure: true, tls: { rejectUnauthorized: false }, auth: { user: 'x', pass: otherToken } });
+    const info = await implicit.sendMail({ from: 'a@acme.test', to: 'r@example.com', subject: 'tls', text: 'over implicit TLS' });
+    implicit.close();
+    expect(info.response).toMatch(/^250 2\.0\.0 OK eml_/);
+  });
+
+  it('past the per-token rate limit: 421 4.7.0', async () => {
+    const transport = nodemailer.createTransport({ host: '127.0.0.1', port: otherListener.port, requireTLS: true, tls: { rejectUnauthorized: false }, auth: { user: 'x', pass: otherToken } });
+    // Aligned on a fresh second: the limit (2 a second) is counted in one window.
+    await new Promise((r) => setTimeout(r, 1000 - (Date.now() % 1000) + 20));
+    const results = await Promise.allSettled(
+      Array.from({ length: 4 }, (_, i) => transport.sendMail({ from: 'a@acme.test', to: 'r@example.com', subject: `n${i}`, text: 'x' })),
+    );
+    transport.close();
+    const refused = results.filter((r) => r.status === 'rejected').map((r) => (r as PromiseRejectedResult).reason as { response?: string });
+    expect(refused.length).toBeGreaterThanOrEqual(2);
+    for (const reason of refused) expect(reason.response).toMatch(/^421 4\.7\.0 /);
+  });
+});
+
+describe('the Procfile role smtp (npm run start:smtp)', () => {
+  it('listens on the port it logs, takes a message, and exits 0 on SIGTERM', async () => {
+    const proc = runService('src/smtp/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info' }, { via: 'tsx' });
+    try {
+      const match = await proc.waitFor(/SMTP submission listening on 127\.0\.0\.1:(\d+)/, 40_000);
+      const transport = nodemailer.createTransport({ host: '127.0.0.1', port: Number(match[1]), auth: { user: 'role', pass: token } });
+      const info = await transport.sendMail({ from: 'role@acme.test', to: 'r@example.com', subject: 'from the role', text: 'x' });
+      transport.close();
+      const id = /OK (eml_\w+)/.exec(info.response)![1]!;
+      expect((await api('GET', `/emails/${id}`)).json().subject).toBe('from the role');
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited).toBe(0);
+    } finally {
+      proc.kill();
+    }
+    // Starting a TypeScript process takes long on a loaded machine.
+  }, 60_000);
+});
+
+describe('reading a message (contract 19 mapping)', () => {
+  it('decodes names, keeps groups in To, maps to, cc and bcc, and reads 8-bit headers as UTF-8', async () => {
+    const raw = Buffer.from(
+      'From: =?UTF-8?Q?J=C3=B6_Smith?= <jo@acme.test>\r\nTo: undisclosed-recipients:;, Team: a@x.test, "B, C" <b@x.test>;\r\n' +
+        'Cc: "Quote \\"me\\"" <q@x.test>\r\nSender: =?UTF-8?B?U8O2bmRlcg==?= <s@acme.test>\r\nX-Utf: caf\xc3\xa9\r\nBcc: secret@x.test\r\n' +
+        'Subject: =?UTF-8?Q?caf=C3=A9?=\r\nMessage-ID: <client@acme.test>\r\n\r\nbody\r\n',
+      'latin1',
+    );
+    const message = await readSubmittedMessage(raw, ['a@x.test', 'z@x.test', 'secret@x.test']);
+    expect(message).toMatchObject({
+      from: 'Jö Smith <jo@acme.test>',
+      to: 'a@x.test',
+      cc: ['"B, C" <b@x.test>', '"Quote \\"me\\"" <q@x.test>'],
+      bcc: ['z@x.test', 'secret@x.test'],
+      subject: 'café',
+      html: '',
+      text: 'body\n',
+    });
+    expect(message.headers).toEqual([
+      ['X-Utf', 'café'],
+      ['To', 'undisclosed-recipients:;, Team: a@x.test, "B, C" <b@x.test>;'],
+      ['Cc', '"Quote \\"me\\"" <q@x.test>'],
+      ['Sender', 'Sönder <s@acme.test>'],
+    ]);
+  });
+});
