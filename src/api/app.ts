@@ -106,6 +106,9 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();
+  // Learns of revoked tokens from every process (contract 16).
+  tokenCache.start(services);
+  app.addHook('onClose', async () => tokenCache.close());
   const rateLimiter = new RateLimiter(services);
   await app.register(
     async (v2) => {
