@@ -74,6 +74,8 @@ function idempotency(request: FastifyRequest, key: string | undefined, route: st
 export async function emailsRoutes(app: App): Promise<void> {
   const deps = { producer: app.services.producer, logger: app.services.logger };
   const writer = new EmailWriter(app.services.orm, deps);
+  // A replayed Idempotency-Key accepts nothing new.
+  const accepted = app.services.metrics.emailsAccepted.labels({ source: 'api' });
 
   app.post(
     '/emails',
@@ -92,8 +94,13 @@ export async function emailsRoutes(app: App): Promise<void> {
       // Contract 12; a no-op (no query) unless ALLOW_UNVERIFIED_DOMAINS=false.
       await assertSendingDomainAllowed(request.em, app.services.config, email.organizationId, email.from);
       const key = request.headers['idempotency-key'];
-      if (key === undefined) return { id: await writer.write(email) };
-      const { ids } = await createEmails(request.em, deps, [email], { idempotency: idempotency(request, key, 'POST /emails') });
+      if (key === undefined) {
+        const id = await writer.write(email);
+        accepted.inc();
+        return { id };
+      }
+      const { ids, replayed } = await createEmails(request.em, deps, [email], { idempotency: idempotency(request, key, 'POST /emails') });
+      if (!replayed) accepted.inc();
       return { id: ids[0]! };
     },
   );
@@ -116,12 +123,13 @@ export async function emailsRoutes(app: App): Promise<void> {
       for (const [index, body] of request.body.entries()) {
         await assertSendingDomainAllowed(request.em, app.services.config, organizationId, body.from, `${index}.from`);
       }
-      const { ids } = await createEmails(
+      const { ids, replayed } = await createEmails(
         request.em,
         deps,
         request.body.map((body) => newEmailFromBody(organizationId, body)),
         { idempotency: idempotency(request, request.headers['idempotency-key'], 'POST /emails/batch') },
       );
+      if (!replayed) accepted.inc(ids.length);
       return { data: ids.map((id) => ({ id })) };
     },
   );

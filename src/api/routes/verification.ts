@@ -51,11 +51,14 @@ export async function verificationRoutes(app: App): Promise<void> {
         config: { permission: 'emails' },
         schema: { tags: ['verification'], summary, body: VerifyBody, response: { 200: VerificationSchema } },
       },
-      async (request) =>
-        verifyEmail(verificationDeps(app.services), {
+      async (request) => {
+        const verification = await verifyEmail(verificationDeps(app.services), {
           organizationId: request.caller.organizationId,
           email: request.body.email,
-        }),
+        });
+        app.services.metrics.verificationChecks.inc({ result: verification.result });
+        return verification;
+      },
     );
   }
 }
