@@ -13,15 +13,14 @@ export interface ConfirmationMessage {
 }
 
 /**
- * The From of the organization's own mail: its oldest sender, else `no-reply@` the host of
- * PUBLIC_URL (docs/audience.md). Named after the organization either way.
+ * The From of the organization's own mail: its oldest sender, else SYSTEM_FROM (by default
+ * `no-reply@` the host of PUBLIC_URL; docs/audience.md). Named after the organization either way.
  */
 async function confirmationFrom(ctx: JobContext, organizationId: string, organizationName: string): Promise<string> {
   const [sender] = (await ctx.em.execute('select email from senders where organization_id = ? order by created_at, id limit 1', [organizationId])) as Array<{
     email: string;
   }>;
-  const host = new URL(ctx.services.config.publicUrl).hostname;
-  const address = sender?.email ?? `no-reply@${host.includes('.') ? host : `${host}.localdomain`}`;
+  const address = sender?.email ?? ctx.services.config.systemFrom;
   // A display name is a quoted string: drop what would need escaping rather than escape it.
   const name = organizationName.replace(/["\\\r\n]/g, '').trim();
   return name ? `"${name}" <${address}>` : address;
