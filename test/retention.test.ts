@@ -99,10 +99,10 @@ describe('purge-expired (contract 21)', () => {
       (await sql<{ n: string }>(`select count(*) as n from emails where created_at < now() - interval '10 days' and status in ('sent', 'failed')`))[0]!.n,
     );
     expect(due).toBeGreaterThanOrEqual(7);
-    const first = await purgeExpired(ctx.services.orm.em.fork(), config, { batchSize: 3, pauseMs: 0, budgetMs: 0 });
+    const first = await purgeExpired(ctx.services.orm.em.fork(), config, { batchSize: 3, pauseMs: 0, duty: 1, budgetMs: 0 });
     // The budget ran out after the first batch: the rest is for the follow-up job.
     expect(first).toEqual({ purged: { emails: 3 }, more: true });
-    const rest = await purgeExpired(ctx.services.orm.em.fork(), config, { batchSize: 3, pauseMs: 0 });
+    const rest = await purgeExpired(ctx.services.orm.em.fork(), config, { batchSize: 3, pauseMs: 0, duty: 1 });
     expect(rest.purged.emails).toBe(due - 3);
     expect(rest.more).toBe(false);
     for (const id of ids) expect(await exists('emails', id)).toBe(false);
