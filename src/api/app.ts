@@ -2,9 +2,10 @@ import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { EntityManager } from '@mikro-orm/postgresql';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } from 'fastify';
-import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
+import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
+import { finishOpenApi } from './openapi.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
@@ -88,12 +89,17 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
         title: 'mailroom API',
         version: '2.0.0',
         description: 'Transactional email, campaigns, audience, sending domains and address verification.',
+        license: { name: 'MIT', identifier: 'MIT' },
       },
-      servers: [{ url: services.config.publicUrl }],
+      // The document is served by the API it describes: a relative server is always right
+      // (and PUBLIC_URL may name another host, e.g. a tracking domain).
+      servers: [{ url: '/', description: 'this server' }],
       components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'An API token: svc_ + 64 hex' } } },
       security: [{ bearer: [] }],
     },
     transform: jsonSchemaTransform,
+    // Shared schemas (zod `.meta({ id })`) into components, then what every operation shares.
+    transformObject: (input) => finishOpenApi(jsonSchemaTransformObject(input)),
   });
   await app.register(swaggerUi, { routePrefix: '/docs' });
 

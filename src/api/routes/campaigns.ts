@@ -57,7 +57,7 @@ const CampaignOut = z.object({
   replyTo: z.string().nullable(),
   createdAt: Timestamp,
   updatedAt: Timestamp,
-});
+}).meta({ id: 'Campaign' });
 
 function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.infer<typeof CampaignOut> {
   return {

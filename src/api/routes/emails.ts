@@ -25,7 +25,7 @@ const EmailRow = z.object({
   scheduled_at: z.null(),
   created_at: Timestamp,
   last_event: z.enum(LAST_EVENTS),
-});
+}).meta({ id: 'Email' });
 const EmailResource = EmailRow.extend({
   object: z.literal('email'),
   html: z.string().nullable(),

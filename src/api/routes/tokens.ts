@@ -25,7 +25,7 @@ const CreatedToken = z.object({
   permissions: z.array(z.string()),
   createdAt: Timestamp,
   reused: z.boolean(),
-});
+}).meta({ id: 'CreatedToken' });
 
 const TokenSummary = z.object({
   id: z.string(),
@@ -33,7 +33,7 @@ const TokenSummary = z.object({
   last4: z.string(),
   permissions: z.array(z.string()),
   createdAt: Timestamp,
-});
+}).meta({ id: 'Token' });
 
 export async function tokensRoutes(app: App): Promise<void> {
   // Listing is the hot path of token reads (bench:auth); creating is rare.
