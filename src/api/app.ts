@@ -1,11 +1,13 @@
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { EntityManager } from '@mikro-orm/postgresql';
+import type { z } from 'zod';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
 import { finishOpenApi } from './openapi.js';
+import { installValidationMessages, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
@@ -44,7 +46,9 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     frameworkErrors: (error, request, reply) => frameworkError(error, request, reply, request.url.startsWith('/api/v1/') ? v1Error : undefined),
   }).withTypeProvider<ZodTypeProvider>();
 
-  app.setValidatorCompiler(validatorCompiler);
+  // Unknown body fields are refused, and zod's messages are written for a person (validation.ts).
+  installValidationMessages();
+  app.setValidatorCompiler<z.ZodType>((route) => validatorCompiler(route.httpPart === 'body' ? { ...route, schema: strictBody(route.schema) as z.ZodType } : route));
   app.setSerializerCompiler(serializerCompiler);
   // Only JSON bodies are accepted anywhere: anything else is 415 (contract 4).
   app.removeContentTypeParser(['text/plain']);
