@@ -27,7 +27,7 @@ async function importFile(name: string, content: string) {
 
 const count = async () => Number((await ctx.services.orm.em.fork().execute<Array<{ n: string }>>('select count(*) as n from subscribers where organization_id = ?', [organizationId]))[0]!.n);
 
-describe('subscribers import: what a person sees when a file is not right', () => {
+describe.concurrent('subscribers import: what a person sees when a file is not right', () => {
   it('names the line of each problem, counting blank lines and multi-line cells, and warns about extra cells', async () => {
     const csv = [
       'email,name', // 1
