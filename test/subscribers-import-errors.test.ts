@@ -19,13 +19,14 @@ afterAll(async () => {
   await ctx?.close();
 });
 
-async function importFile(name: string, content: string) {
+async function importFile(name: string, content: string, org = organizationId) {
   const file = join(dir, name);
   await writeFile(file, content);
-  return runCli(['subscribers', 'import', file, '--org', organizationId, '--json'], ctx.env.env);
+  return runCli(['subscribers', 'import', file, '--org', org, '--json'], ctx.env.env);
 }
 
-const count = async () => Number((await ctx.services.orm.em.fork().execute<Array<{ n: string }>>('select count(*) as n from subscribers where organization_id = ?', [organizationId]))[0]!.n);
+// The tests run at once (each starts the CLI): each counts its own organization.
+const count = async (org: string) => Number((await ctx.services.orm.em.fork().execute<Array<{ n: string }>>('select count(*) as n from subscribers where organization_id = ?', [org]))[0]!.n);
 
 describe.concurrent('subscribers import: what a person sees when a file is not right', () => {
   it('names the line of each problem, counting blank lines and multi-line cells, and warns about extra cells', async () => {
@@ -51,13 +52,13 @@ describe.concurrent('subscribers import: what a person sees when a file is not r
   });
 
   it('refuses a broken file with one line, no stack trace, and imports nothing', async () => {
-    const before = await count();
-    const result = await importFile('broken.csv', 'email,name\nfive@example.com,Five\n"six@example.com,Six\nseven@example.com,Seven\n');
+    const other = (await createOrg(ctx.services, { name: 'Broken' })).organizationId;
+    const result = await importFile('broken.csv', 'email,name\nfive@example.com,Five\n"six@example.com,Six\nseven@example.com,Seven\n', other);
     expect(result.code).toBe(1);
     const stderr = result.stderr.trim().split('\n').filter((l) => !l.startsWith('importing'));
     expect(stderr).toHaveLength(1);
     expect(stderr[0]).toMatch(/^mailroom: .*broken\.csv is not a valid CSV file: Quote Not Closed.*line \d+; nothing was imported$/);
     expect(result.stderr).not.toMatch(/\n\s+at /);
-    expect(await count()).toBe(before);
+    expect(await count(other)).toBe(0);
   });
 });
