@@ -70,6 +70,12 @@ describe('loadConfig defaults (contract 2)', () => {
       ALLOW_UNVERIFIED_DOMAINS: 'yes',
       LOG_LEVEL: 'warn',
       VERIFY_BLOCKED_DOMAINS: 'spam.example, Junk.Example',
+      SNS_CERT_HOST_PATTERN: '^sns\\.example\\.test$',
+      SES_SNS_TOPIC_ARNS: 'arn:aws:sns:eu-west-1:1:a, arn:aws:sns:eu-west-1:1:b',
+      POSTMARK_WEBHOOK_USER: 'pm',
+      POSTMARK_WEBHOOK_PASSWORD: 'pm-pw',
+      MAILGUN_WEBHOOK_SIGNING_KEY: 'mg-key',
+      SENDGRID_WEBHOOK_PUBLIC_KEY: 'sg-key',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -90,6 +96,13 @@ describe('loadConfig defaults (contract 2)', () => {
       workerQueues: ['maintenance', 'emails'],
       workerMetricsPort: 9100,
       providerWebhookSecret: 'whsec',
+      providers: {
+        snsCertHostPattern: /^sns\.example\.test$/i,
+        ses: { enabled: true, topicArns: ['arn:aws:sns:eu-west-1:1:a', 'arn:aws:sns:eu-west-1:1:b'] },
+        postmark: { user: 'pm', password: 'pm-pw' },
+        mailgunSigningKey: 'mg-key',
+        sendgridPublicKey: 'sg-key',
+      },
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
       logLevel: 'warn',

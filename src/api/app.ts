@@ -6,6 +6,7 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } f
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
+import { dashboard } from './dashboard/index.js';
 import { finishOpenApi } from './openapi.js';
 import { installValidationMessages, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
@@ -16,6 +17,7 @@ import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
 import { healthRoutes } from './routes/health.js';
 import { v2Routes } from './routes/index.js';
+import { providerWebhooksRoutes } from './routes/provider-webhooks.js';
 import { providerWebhookRoutes, trackingRoutes } from './routes/tracking.js';
 import type { App } from './types.js';
 import { v1Error } from './v1/envelope.js';
@@ -48,7 +50,10 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
 
   // Unknown body fields are refused, and zod's messages are written for a person (validation.ts).
   installValidationMessages();
-  app.setValidatorCompiler<z.ZodType>((route) => validatorCompiler(route.httpPart === 'body' ? { ...route, schema: strictBody(route.schema) as z.ZodType } : route));
+  // Only the API's own bodies: the provider webhooks and the dashboard's forms take what others send.
+  app.setValidatorCompiler<z.ZodType>((route) =>
+    validatorCompiler(route.httpPart === 'body' && route.url.startsWith('/api/v2/') ? { ...route, schema: strictBody(route.schema) as z.ZodType } : route),
+  );
   app.setSerializerCompiler(serializerCompiler);
   // Only JSON bodies are accepted anywhere: anything else is 415 (contract 4).
   app.removeContentTypeParser(['text/plain']);
@@ -113,6 +118,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(unsubscribeRoutes);
   await app.register(trackingRoutes);
   await app.register(providerWebhookRoutes);
+  await app.register(providerWebhooksRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();
@@ -128,6 +134,8 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     { prefix: '/api/v2' },
   );
   await registerAgentInterfaces(app, services, tokenCache, rateLimiter);
+  // The dashboard (contract 20) in its own scope: form bodies, sessions, HTML errors.
+  await app.register(dashboard, { tokenCache });
 
   return app as unknown as App;
 }

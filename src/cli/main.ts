@@ -7,6 +7,7 @@ import { AppError } from '../shared/errors.js';
 import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
 import { orgList, tokenList, tokenRevoke, type OperatorCli } from './operator.js';
 import { subscribersImport } from './subscribers-import.js';
+import { userCreate, userList } from './users.js';
 
 const USAGE = `Usage: npm run --silent cli -- <command>
 
@@ -22,6 +23,9 @@ Operator commands (talk to the database directly):
                                             upsert subscribers from a CSV (columns email, name,
                                             phone, tags separated by ; or |, other columns are
                                             custom fields); progress on stderr, summary at the end
+  user create --org ORG_ID --email EMAIL [--json]
+                                            a dashboard user; the password is read from stdin
+  user list --org ORG_ID [--json]
 
 Operator commands need the same DATABASE_URL (and REDIS_URL, REDIS_PREFIX) as the server.
 
@@ -199,6 +203,8 @@ const COMMANDS: Record<string, Command> = {
   'token list': (config, args) => tokenList(operator, config, args),
   'token revoke': (config, args) => tokenRevoke(operator, config, args),
   'subscribers import': (config, args) => subscribersImport(config, args, (m) => new UsageError(m)),
+  'user create': (config, args) => userCreate(config, args, (m) => new UsageError(m)),
+  'user list': (config, args) => userList(config, args, (m) => new UsageError(m)),
   verify: (_config, args) => verify(args),
 };
 

@@ -79,6 +79,29 @@ const envSchema = z
       ),
     WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
     PROVIDER_WEBHOOK_SECRET: z.string().min(1).optional(),
+    // The providers' own webhooks (docs/outcomes.md). Each provider's endpoint answers 404
+    // until its secret is set; SES is on by default (its SNS signature is the proof), and
+    // SES_SNS_TOPIC_ARNS narrows it to the topics of this installation.
+    SNS_CERT_HOST_PATTERN: z
+      .string()
+      .default('^sns\\.[a-z0-9-]+\\.amazonaws\\.com(\\.cn)?$')
+      .transform((v, ctx) => {
+        try {
+          return new RegExp(v, 'i');
+        } catch {
+          ctx.addIssue({ code: 'custom', message: 'is not a valid regular expression' });
+          return z.NEVER;
+        }
+      }),
+    SES_WEBHOOK_ENABLED: booleanish.default(true),
+    SES_SNS_TOPIC_ARNS: z
+      .string()
+      .optional()
+      .transform((v) => (v ?? '').split(',').map((s) => s.trim()).filter(Boolean)),
+    POSTMARK_WEBHOOK_USER: z.string().min(1).optional(),
+    POSTMARK_WEBHOOK_PASSWORD: z.string().min(1).optional(),
+    MAILGUN_WEBHOOK_SIGNING_KEY: z.string().min(1).optional(),
+    SENDGRID_WEBHOOK_PUBLIC_KEY: z.string().min(1).optional(),
     ADMIN_PASSWORD: z.string().min(1).optional(),
     ALLOW_UNVERIFIED_DOMAINS: booleanish.optional(),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -94,6 +117,10 @@ const envSchema = z
   .superRefine((env, ctx) => {
     if (env.NODE_ENV === 'production' && !env.SECRET_KEY) {
       ctx.addIssue({ code: 'custom', path: ['SECRET_KEY'], message: 'is required when NODE_ENV=production' });
+    }
+    if (Boolean(env.POSTMARK_WEBHOOK_USER) !== Boolean(env.POSTMARK_WEBHOOK_PASSWORD)) {
+      const missing = env.POSTMARK_WEBHOOK_USER ? 'POSTMARK_WEBHOOK_PASSWORD' : 'POSTMARK_WEBHOOK_USER';
+      ctx.addIssue({ code: 'custom', path: [missing], message: 'is required with the other Postmark webhook setting' });
     }
     if (env.MAIL_TRANSPORT === 'smtp' && !env.SMTP_URL) {
       ctx.addIssue({ code: 'custom', path: ['SMTP_URL'], message: 'is required when MAIL_TRANSPORT=smtp' });
@@ -129,6 +156,14 @@ export interface Config {
   emailReconcileEveryMs?: number;
   emailReconcileGraceMs?: number;
   providerWebhookSecret?: string;
+  /** The providers' own webhooks; a provider without its secret is off (404). */
+  providers: {
+    snsCertHostPattern: RegExp;
+    ses: { enabled: boolean; topicArns: string[] };
+    postmark?: { user: string; password: string };
+    mailgunSigningKey?: string;
+    sendgridPublicKey?: string;
+  };
   adminPassword?: string;
   allowUnverifiedDomains: boolean;
   logLevel: string;
@@ -183,6 +218,15 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     emailReconcileEveryMs: e.EMAIL_RECONCILE_EVERY_MS,
     emailReconcileGraceMs: e.EMAIL_RECONCILE_GRACE_MS,
     providerWebhookSecret: e.PROVIDER_WEBHOOK_SECRET,
+    providers: {
+      snsCertHostPattern: e.SNS_CERT_HOST_PATTERN,
+      ses: { enabled: e.SES_WEBHOOK_ENABLED, topicArns: e.SES_SNS_TOPIC_ARNS },
+      ...(e.POSTMARK_WEBHOOK_USER && e.POSTMARK_WEBHOOK_PASSWORD
+        ? { postmark: { user: e.POSTMARK_WEBHOOK_USER, password: e.POSTMARK_WEBHOOK_PASSWORD } }
+        : {}),
+      mailgunSigningKey: e.MAILGUN_WEBHOOK_SIGNING_KEY,
+      sendgridPublicKey: e.SENDGRID_WEBHOOK_PUBLIC_KEY,
+    },
     adminPassword: e.ADMIN_PASSWORD,
     allowUnverifiedDomains: e.ALLOW_UNVERIFIED_DOMAINS ?? e.NODE_ENV !== 'production',
     logLevel: e.LOG_LEVEL,

@@ -8,6 +8,7 @@ import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { QueueProducer } from './queues/producer.js';
+import { SnsCertificates } from './providers/sns.js';
 import { createRedis, settleConnection } from './redis.js';
 
 /**
@@ -30,6 +31,8 @@ export interface Services {
   metrics: Metrics;
   /** The mail transport (file or pooled SMTP); it connects on its first send. */
   mailer: MailTransport;
+  /** Amazon SNS signing certificates fetched for the SES webhook, cached by URL. */
+  snsCertificates: SnsCertificates;
 }
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
@@ -57,6 +60,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
     }),
+    snsCertificates: new SnsCertificates(),
   };
 }
 

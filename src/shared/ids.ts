@@ -1,6 +1,6 @@
 import { monotonicFactory } from 'ulid';
 
-export const ID_PREFIXES = ['org', 'tok', 'sub', 'tag', 'cmp', 'eml', 'dom', 'snd', 'evt', 'ver'] as const;
+export const ID_PREFIXES = ['org', 'tok', 'sub', 'tag', 'cmp', 'eml', 'dom', 'snd', 'evt', 'ver', 'usr'] as const;
 export type IdPrefix = (typeof ID_PREFIXES)[number];
 
 const ulid = monotonicFactory();

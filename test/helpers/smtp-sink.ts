@@ -21,6 +21,8 @@ export interface SmtpSink {
   /** Raw count, cheaper than parsing (benchmarks). */
   accepted: number;
   answer?: (recipient: string) => SinkReply | undefined;
+  /** The text of the final `250` answer to a message (a relay that gives its own id); the default otherwise. */
+  queued?: () => string | undefined;
   close(): Promise<void>;
 }
 
@@ -69,7 +71,9 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
           sink.raw.push(raw);
           sink.envelopes.push(session.envelope.rcptTo.map((a) => a.address));
           sink.accepted++;
-          callback();
+          const text = sink.queued?.();
+          if (text) callback(null, text);
+          else callback();
         },
         (error: Error) => callback(error),
       );

@@ -31,8 +31,8 @@ const CampaignFieldsShape = {
   recipientFilters: RecipientFiltersSchema.optional(),
 };
 
-const CreateBody = z.strictObject({ name: Name, ...CampaignFieldsShape });
-const PatchBody = z.looseObject({ name: Name.optional(), ...CampaignFieldsShape });
+export const CreateBody = z.strictObject({ name: Name, ...CampaignFieldsShape });
+export const PatchBody = z.looseObject({ name: Name.optional(), ...CampaignFieldsShape });
 const KNOWN = new Set(Object.keys(PatchBody.shape));
 
 const CampaignOut = z.object({

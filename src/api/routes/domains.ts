@@ -7,7 +7,7 @@ import {
   findDomain,
   listDomains,
   mailHostOf,
-  requestVerification,
+  verifyDomain,
 } from '../../shared/domains/service.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
@@ -44,7 +44,7 @@ const DomainListItem = z.object({
   emailSendersCount: z.number().int(),
 }).meta({ id: 'DomainListItem' });
 
-const CreateDomainBody = z.object({
+export const CreateDomainBody = z.object({
   domain: z.string().min(1).max(253),
   region: z
     .string()
@@ -62,7 +62,7 @@ const SenderShape = z.object({
   createdAt: Timestamp,
 }).meta({ id: 'Sender' });
 
-const CreateSenderBody = z.object({
+export const CreateSenderBody = z.object({
   name: z.string().trim().min(1, 'must be 1 to 100 characters').max(100, 'must be 1 to 100 characters'),
   email: z.string().trim().max(320),
 });
@@ -148,13 +148,7 @@ export async function domainsRoutes(app: App): Promise<void> {
     },
     async (request) => {
       const now = app.services.clock();
-      const domain = await requestVerification(request.em, request.caller.organizationId, request.params.domain, now);
-      // After the commit; the job id is unique per request so a repeated verify checks again.
-      await app.services.producer.add('domains', {
-        name: 'check',
-        data: { domainId: domain.id },
-        jobId: `check-${domain.id}-${now.getTime()}`,
-      });
+      const domain = await verifyDomain(request.em, app.services.producer, request.caller.organizationId, request.params.domain, now);
       return presentDomain(domain);
     },
   );

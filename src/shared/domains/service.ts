@@ -3,6 +3,7 @@ import { promisify } from 'node:util';
 import { UniqueConstraintViolationException } from '@mikro-orm/core';
 import { raw, type EntityManager } from '@mikro-orm/postgresql';
 import type { SecretBox } from '../crypto.js';
+import type { QueueProducer } from '../queues/producer.js';
 import { Domain, Sender, type DomainDnsRecord } from '../db/entities/index.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
@@ -157,6 +158,14 @@ export async function requestVerification(em: EntityManager, organizationId: str
     domain.nextCheckAt = now;
     return domain;
   });
+}
+
+/** Marks the domain PENDING, then (after the commit) asks a worker to check it at once. */
+export async function verifyDomain(em: EntityManager, producer: QueueProducer, organizationId: string, idOrHostname: string, now: Date): Promise<Domain> {
+  const domain = await requestVerification(em, organizationId, idOrHostname, now);
+  // The job id is unique per request so a repeated verify checks again.
+  await producer.add('domains', { name: 'check', data: { domainId: domain.id }, jobId: `check-${domain.id}-${now.getTime()}` });
+  return domain;
 }
 
 export async function deleteDomain(em: EntityManager, organizationId: string, idOrHostname: string): Promise<Domain> {

@@ -7,6 +7,7 @@ import type { Logger } from '../logger.js';
 import type { LinkSigner } from '../crypto.js';
 import { personalizeCampaignEmail, type CampaignEmailParts } from '../campaigns/personalize.js';
 import { mailboxDomain } from './addresses.js';
+import { relayMessageId } from '../providers/relay-id.js';
 import { renderEmail } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
 import { COPIES_SQL, SKIPPED_RECIPIENTS_SQL, SUPPRESSED_SQL, TO_ADDRESS_SQL, type SendGate } from '../outcomes/send-gate.js';
@@ -56,6 +57,8 @@ export type Claim = { row: ClaimedRow } | { failed: string } | undefined;
 interface SentRecord {
   id: string;
   message_id: string;
+  /** The relay's own id of the message, from its `250` answer (provider webhooks match by it). */
+  provider_message_id?: string;
   html: string;
   text: string;
   /** A campaign email's personalised subject (its row holds the template's until sent). */
@@ -116,9 +119,9 @@ const CLAIM_SQL = `
 const SENT_SQL = `
   with sent as (update emails e set status = 'sent',
       delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
-      message_id = v.message_id, html = v.html, text = v.text, subject = coalesce(v.subject, e.subject),
+      message_id = v.message_id, provider_message_id = v.provider_message_id, html = v.html, text = v.text, subject = coalesce(v.subject, e.subject),
       sent_at = now(), failure_reason = null, updated_at = now()
-    from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, html text, text text, subject text, delivered boolean)
+    from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, provider_message_id text, html text, text text, subject text, delivered boolean)
     where e.id = any(?::text[]) and e.id = v.id and e.status = 'sending'
     returning e.campaign_id, e.source)
   update campaigns c set emails_sent_count = c.emails_sent_count + s.n
@@ -309,8 +312,9 @@ export async function deliverEmail(
   let fenceError: unknown;
   let committed = false;
   let delivered: boolean;
+  let response: string | undefined;
   try {
-    ({ delivered } = await transport.send({
+    ({ delivered, response } = await transport.send({
       id: row.id,
       organizationId: row.organization_id,
       from: row.from_address,
@@ -375,7 +379,7 @@ export async function deliverEmail(
   // Recorded in Redis at once (one round trip), so that a worker dying before the
   // group-committed status write leaves an email the next run records instead of failing.
   await fence?.accepted(emailId, messageId).catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
-  await recordSent(store, sentRecord(emailId, messageId, row, rendered, delivered), options.log);
+  await recordSent(store, { ...sentRecord(emailId, messageId, row, rendered, delivered), provider_message_id: relayMessageId(response) }, options.log);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
 }
 

@@ -23,3 +23,25 @@ export function lastEvent(email: LastEventColumns): LastEvent {
   if (email.status === 'sent') return 'sent';
   return 'queued';
 }
+
+/**
+ * The rows whose `lastEvent` is `event`, as a MikroORM filter: the same order of
+ * precedence as `lastEvent`, written for the database.
+ */
+export function lastEventFilter(event: LastEvent): Record<string, unknown> {
+  switch (event) {
+    case 'clicked':
+      return { firstClickedAt: { $ne: null } };
+    case 'opened':
+      return { firstClickedAt: null, firstOpenedAt: { $ne: null } };
+    case 'delivered':
+    case 'bounced':
+    case 'complained':
+      return { firstClickedAt: null, firstOpenedAt: null, deliveryStatus: event };
+    case 'failed':
+    case 'sent':
+      return { firstClickedAt: null, firstOpenedAt: null, deliveryStatus: null, status: event };
+    case 'queued':
+      return { firstClickedAt: null, firstOpenedAt: null, deliveryStatus: null, status: { $nin: ['failed', 'sent'] } };
+  }
+}

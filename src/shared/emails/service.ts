@@ -1,4 +1,4 @@
-import type { EntityManager } from '@mikro-orm/postgresql';
+import { raw, type EntityManager } from '@mikro-orm/postgresql';
 import type { Orm } from '../db/orm.js';
 import { Coalescer } from './coalescer.js';
 import type { JobsOptions } from 'bullmq';
@@ -9,6 +9,7 @@ import { newId } from '../ids.js';
 import type { Logger } from '../logger.js';
 import type { QueueProducer } from '../queues/producer.js';
 import type { NewEmail } from './input.js';
+import { lastEventFilter, type LastEvent } from './last-event.js';
 
 /** The queue an email's send job goes to: campaign mail has its own, so transactional mail overtakes it. */
 export type EmailQueueName = 'emails' | 'campaign-emails';
@@ -277,6 +278,9 @@ export interface ListEmailsQuery {
   limit?: number;
   after?: string;
   before?: string;
+  /** The recipient's address, exactly (case aside): an index range, even with 1,000,000 emails. */
+  to?: string;
+  lastEvent?: LastEvent;
 }
 
 /** API sends of the organization, newest first, by id cursor (spec 4.12, contract 3). */
@@ -292,17 +296,21 @@ export async function listEmails(em: EntityManager, organizationId: string, quer
     if (found === 0) throw new ValidationError(`Unknown ${cursorField} cursor`, [{ path: cursorField, message: `no email ${cursor} in this organization` }]);
   }
   const fields = { exclude: ['html', 'text', 'content'] as const };
+  const filters = {
+    ...(query.to !== undefined ? { [raw('lower(to_address)')]: query.to.trim().toLowerCase() } : {}),
+    ...(query.lastEvent !== undefined ? lastEventFilter(query.lastEvent) : {}),
+  };
   if (query.before !== undefined) {
     const rows = await em.find(
       Email,
-      { organizationId, source: 'api', id: { $gt: query.before } },
+      { organizationId, source: 'api', id: { $gt: query.before }, ...filters },
       { orderBy: { id: 'asc' }, limit: limit + 1, ...fields },
     );
     return { items: rows.slice(0, limit).reverse(), hasMore: rows.length > limit };
   }
   const rows = await em.find(
     Email,
-    { organizationId, source: 'api', ...(query.after !== undefined ? { id: { $lt: query.after } } : {}) },
+    { organizationId, source: 'api', ...(query.after !== undefined ? { id: { $lt: query.after } } : {}), ...filters },
     { orderBy: { id: 'desc' }, limit: limit + 1, ...fields },
   );
   return { items: rows.slice(0, limit), hasMore: rows.length > limit };

@@ -32,39 +32,74 @@ interface EmailRow {
   address: string;
 }
 
+/** What happened to a message, as any source of delivery feedback reports it. */
+export type ProviderOutcome = 'delivered' | 'bounced' | 'complained' | 'delivery_delayed';
+
+/**
+ * One delivery event, whatever its source: contract 11's own webhook, a provider's webhook
+ * (src/shared/providers) or a bounce report by mail. The email is found by the Message-ID
+ * mailroom set or, where a relay replaced it, by the id the relay gave at hand-over.
+ */
+export interface DeliveryFeedback {
+  type: ProviderOutcome;
+  /** The Message-ID mailroom set, without angle brackets. */
+  messageId?: string | undefined;
+  /** The relay's own id of the message (`emails.provider_message_id`). */
+  providerMessageId?: string | undefined;
+  /** For bounced: hard (permanent) or soft; default hard. */
+  bounceType?: 'hard' | 'soft' | undefined;
+  diagnostic?: string | undefined;
+}
+
 export interface ProviderEventResult {
   emailId: string;
   /** False when the event was a replay or lower in precedence than the current status. */
   changed: boolean;
 }
 
+/** Message-IDs are compared without angle brackets and surrounding space. */
+export function bareMessageId(value: string): string {
+  return value.trim().replace(/^<(.*)>$/, '$1').trim();
+}
+
+async function findEmail(tx: EntityManager, event: DeliveryFeedback): Promise<EmailRow | undefined> {
+  const select = `select e.id, e.organization_id, ${TO_ADDRESS_SQL} as address from emails e`;
+  if (event.messageId) {
+    const [email] = await tx.execute<EmailRow[]>(`${select} where e.message_id = ? limit 1`, [bareMessageId(event.messageId)], 'all');
+    if (email) return email;
+  }
+  if (event.providerMessageId) {
+    const [email] = await tx.execute<EmailRow[]>(`${select} where e.provider_message_id = ? limit 1`, [event.providerMessageId.trim()], 'all');
+    if (email) return email;
+  }
+  return undefined;
+}
+
 /**
- * Applies one provider event in one transaction; every write is idempotent (a replay changes
+ * Applies one delivery event in one transaction; every write is idempotent (a replay changes
  * nothing). A hard bounce or a complaint suppresses the address in the email's organization,
  * marks that organization's subscriber BOUNCED / COMPLAINED and feeds the global verification
- * history (contract 11, 13).
+ * history (contract 11, 13). A delay is recorded as an event and moves no status. Undefined
+ * when no email matches (the caller decides whether that is an error).
  */
-export async function applyProviderEvent(
+export async function applyDeliveryFeedback(
   em: EntityManager,
-  event: ProviderEvent,
+  event: DeliveryFeedback,
   deps: { metrics?: Metrics; now: Date },
-): Promise<ProviderEventResult> {
+): Promise<ProviderEventResult | undefined> {
   const result = await em.transactional(async (tx) => {
-    const [email] = await tx.execute<EmailRow[]>(
-      `select e.id, e.organization_id, ${TO_ADDRESS_SQL} as address from emails e where e.message_id = ? limit 1`,
-      [event.messageId],
-      'all',
-    );
-    if (!email) throw new NotFoundError(`No email has the Message-ID ${event.messageId}`);
+    const email = await findEmail(tx as EntityManager, event);
+    if (!email) return undefined;
     const bounceType = event.type === 'bounced' ? (event.bounceType ?? 'hard') : undefined;
-    const details = { ...(bounceType ? { bounceType } : {}), ...(event.diagnostic ? { diagnostic: event.diagnostic } : {}) };
+    const details = { ...(bounceType ? { bounceType } : {}), ...(event.diagnostic ? { diagnostic: event.diagnostic.slice(0, 2_000) } : {}) };
 
     const inserted = await tx.execute<{ email_id: string }[]>(
       `insert into email_events (email_id, organization_id, type, occurred_at, details) values (?, ?, ?, ?, ?::jsonb)
-       on conflict (email_id, type) where type in ('delivered', 'bounced', 'complained') do nothing returning email_id`,
+       on conflict (email_id, type) where type in ('delivered', 'bounced', 'complained', 'delivery_delayed') do nothing returning email_id`,
       [email.id, email.organization_id, event.type, deps.now, JSON.stringify(details)],
       'all',
     );
+    if (event.type === 'delivery_delayed') return { emailId: email.id, changed: false, fresh: inserted.length > 0, bounceType };
     const updated = await tx.execute<{ id: string }[]>(
       `update emails set delivery_status = ?, updated_at = now() where id = ? and ${RANK_SQL('delivery_status')} < ${RANK_SQL('?::text')} returning id`,
       [event.type, email.id, event.type],
@@ -98,11 +133,23 @@ export async function applyProviderEvent(
     }
     return { emailId: email.id, changed: updated.length > 0, fresh: inserted.length > 0, bounceType };
   });
+  if (!result) return undefined;
 
   if (result.fresh && deps.metrics) {
     if (event.type === 'delivered') deps.metrics.emailsDelivered.inc();
     else if (event.type === 'bounced') deps.metrics.emailsBounced.inc({ type: result.bounceType ?? 'hard' });
-    else deps.metrics.emailsComplained.inc();
+    else if (event.type === 'complained') deps.metrics.emailsComplained.inc();
   }
   return { emailId: result.emailId, changed: result.changed };
+}
+
+/** Contract 11's webhook: an event for a Message-ID no email has is 404. */
+export async function applyProviderEvent(
+  em: EntityManager,
+  event: ProviderEvent,
+  deps: { metrics?: Metrics; now: Date },
+): Promise<ProviderEventResult> {
+  const result = await applyDeliveryFeedback(em, event, deps);
+  if (!result) throw new NotFoundError(`No email has the Message-ID ${event.messageId}`);
+  return result;
 }

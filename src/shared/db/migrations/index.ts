@@ -7,6 +7,8 @@ import { Migration20261123050000Campaigns } from './20261123050000-campaigns.js'
 import { Migration20261123060000Outcomes } from './20261123060000-outcomes.js';
 import { Migration20261123070000EmailEventsCleanup } from './20261123070000-email-events-cleanup.js';
 import { Migration20261123080000CampaignTemplates } from './20261123080000-campaign-templates.js';
+import { Migration20261125060000ProviderEvents } from './20261125060000-provider-events.js';
+import { Migration20261125080000Users } from './20261125080000-users.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -22,4 +24,6 @@ export const migrationsList = [
   { name: 'Migration20261123060000Outcomes', class: Migration20261123060000Outcomes },
   { name: 'Migration20261123070000EmailEventsCleanup', class: Migration20261123070000EmailEventsCleanup },
   { name: 'Migration20261123080000CampaignTemplates', class: Migration20261123080000CampaignTemplates },
+  { name: 'Migration20261125060000ProviderEvents', class: Migration20261125060000ProviderEvents },
+  { name: 'Migration20261125080000Users', class: Migration20261125080000Users },
 ];

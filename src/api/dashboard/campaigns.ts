@@ -1,0 +1,188 @@
+import { z } from 'zod';
+import { renderCampaignTemplate } from '../../shared/campaigns/content.js';
+import {
+  createCampaign,
+  DEFAULT_TIMEZONE,
+  getCampaign,
+  listCampaigns,
+  patchCampaign,
+  scheduleCampaign,
+  sendTestEmail,
+  type CampaignView,
+} from '../../shared/campaigns/service.js';
+import { listSenders } from '../../shared/domains/senders.js';
+import { CreateBody, PatchBody, SendBody } from '../routes/campaigns.js';
+import type { App } from '../types.js';
+import { formOf, noticeOf, optional, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { csrfField, html, isoMinute, page, table, when, type PageUser } from './html.js';
+
+const PAGE_SIZE = 25;
+// Every IANA zone this Node.js knows, for the schedule form.
+const TIME_ZONES = Intl.supportedValuesOf('timeZone');
+const STARTER = 'Hello {{name}},\n\nWrite your message in **Markdown**.\n\n[Unsubscribe]({{unsubscribe_url}})\n';
+
+/** The form's fields as the API's body: blank optional fields are left out. */
+function campaignBody(form: Record<string, string>) {
+  return {
+    name: form.name ?? '',
+    subject: form.subject ?? '',
+    preview: optional(form.preview) ?? null,
+    content: form.content ?? '',
+    contentType: 'MARKDOWN' as const,
+    senderId: optional(form.senderId) ?? null,
+    replyTo: optional(form.replyTo) ?? null,
+  };
+}
+
+async function editor(
+  organizationId: string,
+  em: Parameters<typeof listSenders>[0],
+  user: PageUser,
+  view: CampaignView | null,
+): Promise<ReturnType<typeof html>> {
+  const { items: senders } = await listSenders(em, organizationId, 100);
+  const c = view?.campaign;
+  const markdown = !c || c.contentType === 'MARKDOWN';
+  const content = c ? (typeof c.content === 'string' ? c.content : JSON.stringify(c.content, null, 2)) : STARTER;
+  const action = c ? `/app/campaigns/${c.id}` : '/app/campaigns';
+  return html`
+<div class="split">
+<form method="post" action="${action}" id="campaign-form">
+  ${csrfField(user)}
+  <div class="field"><label for="name">Name</label><input id="name" name="name" type="text" required maxlength="100" value="${c?.name ?? ''}"></div>
+  <div class="field"><label for="subject">Subject</label><input id="subject" name="subject" type="text" maxlength="998" value="${c?.subject ?? ''}"></div>
+  <div class="field"><label for="preview">Preview text</label><input id="preview" name="preview" type="text" maxlength="1000" value="${c?.preview ?? ''}"></div>
+  <div class="field"><label for="senderId">Sender</label><select id="senderId" name="senderId">
+    <option value="">none yet</option>
+    ${senders.map((s) => html`<option value="${s.id}"${s.id === c?.senderId ? html` selected` : ''}>${s.name} &lt;${s.email}&gt;</option>`)}
+  </select>${when(senders.length === 0, () => html`<span class="muted">Add a sender on a <a href="/app/domains">domain</a> first.</span>`)}</div>
+  <div class="field"><label for="replyTo">Reply-To</label><input id="replyTo" name="replyTo" type="email" value="${c?.replyTo ?? ''}"></div>
+  ${
+    markdown
+      ? html`<div class="field"><label for="content">Content (Markdown)</label>
+  <textarea id="content" name="content" hx-post="/app/campaigns/preview" hx-trigger="input changed delay:400ms, load" hx-target="#live-preview" hx-include="#campaign-form">${content}</textarea></div>`
+      : html`<p class="muted">This campaign's content was written in a ${c!.contentType} editor: change it through the API.</p><input type="hidden" name="content" value="${content}">`
+  }
+  <button type="submit">${c ? 'Save' : 'Create draft'}</button>
+</form>
+<section aria-labelledby="live-h">
+  <h2 id="live-h">Live preview</h2>
+  <div id="live-preview" aria-live="polite">${markdown ? '' : preview(c!.contentType, c!.content, c!.subject, c!.preview)}</div>
+</section>
+</div>`;
+}
+
+function preview(contentType: CampaignView['campaign']['contentType'], content: unknown, subject: string, previewText: string | null) {
+  const rendered = renderCampaignTemplate({ contentType, content, subject, preview: previewText });
+  return html`<iframe class="preview" sandbox="" title="Preview of the campaign email" srcdoc="${rendered.html}"></iframe>`;
+}
+
+export async function campaignPages(app: App, ctx: DashboardContext): Promise<void> {
+  const { services } = ctx;
+  const deps = () => ({ producer: services.producer, logger: services.logger, publicUrl: services.config.publicUrl, metrics: services.metrics });
+
+  app.get('/app/campaigns', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'campaigns');
+    const { after } = parseWith(z.object({ after: z.string().max(100).optional() }), request.query);
+    const { items, hasMore } = await listCampaigns(request.em, caller.organizationId, { limit: PAGE_SIZE, after: after || undefined });
+    const rows = items.map(
+      ({ campaign: c, recipientCount }) => html`<tr>
+  <td><a href="/app/campaigns/${c.id}">${c.name}</a></td>
+  <td><span class="badge ${c.status}">${c.status}</span></td>
+  <td>${c.scheduledAt ? isoMinute(c.scheduledAt) : ''}</td>
+  <td>${recipientCount}</td><td>${c.emailsSentCount}</td><td>${c.emailsOpenedCount}</td><td>${c.emailsClickedCount}</td>
+</tr>`,
+    );
+    const body = html`<p><a class="button" href="/app/campaigns/new">New campaign</a></p>
+${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Opened', 'Clicked'], rows)}
+<nav class="pager" aria-label="Pages">
+  ${when(after, () => html`<a href="/app/campaigns">Newest</a>`)}
+  ${when(hasMore, () => html`<a href="/app/campaigns?after=${items[items.length - 1]!.campaign.id}">Older</a>`)}
+</nav>`;
+    return sendPage(reply, page({ title: 'Campaigns', active: 'campaigns', user, notice: noticeOf(request) }, body));
+  });
+
+  app.get('/app/campaigns/new', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'campaigns');
+    return sendPage(reply, page({ title: 'New campaign', active: 'campaigns', user }, await editor(caller.organizationId, request.em, user, null)));
+  });
+
+  app.post('/app/campaigns/preview', { schema: { hide: true } }, async (request, reply) => {
+    signedIn(request, 'campaigns');
+    const form = formOf(request);
+    return sendPage(reply, preview('MARKDOWN', form.content ?? '', form.subject ?? '', optional(form.preview) ?? null));
+  });
+
+  app.post('/app/campaigns', { schema: { hide: true } }, async (request, reply) => {
+    const { caller } = signedIn(request, 'campaigns');
+    const input = parseWith(CreateBody, campaignBody(formOf(request)));
+    const { campaign } = await createCampaign(request.em, caller.organizationId, input, services.clock());
+    return reply.redirect(`/app/campaigns/${campaign.id}?notice=created`, 303);
+  });
+
+  app.get('/app/campaigns/:id', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'campaigns');
+    const view = await getCampaign(request.em, caller.organizationId, (request.params as { id: string }).id);
+    const c = view.campaign;
+    const facts = html`<dl class="facts">
+  <dt>Status</dt><dd><span class="badge ${c.status}">${c.status}</span></dd>
+  <dt>Recipients</dt><dd>${view.recipientCount}</dd>
+  ${when(c.scheduledAt, () => html`<dt>Scheduled</dt><dd>${isoMinute(c.scheduledAt)} (${c.timezone ?? ''})</dd>`)}
+  <dt>Sent / opened / clicked</dt><dd>${c.emailsSentCount} / ${c.emailsOpenedCount} / ${c.emailsClickedCount}</dd>
+  <dt>Sender</dt><dd>${view.sender ? `${view.sender.name} <${view.sender.email}>` : 'none'}</dd>
+</dl>`;
+    if (c.status !== 'DRAFT') {
+      const body = html`${facts}<h2>Message</h2><p>${c.subject}</p>${preview(c.contentType, c.content, c.subject, c.preview)}`;
+      return sendPage(reply, page({ title: c.name, active: 'campaigns', user, notice: noticeOf(request) }, body));
+    }
+    const body = html`${facts}
+${await editor(caller.organizationId, request.em, user, view)}
+<h2>Send a test</h2>
+<form method="post" action="/app/campaigns/${c.id}/test" class="inline">
+  ${csrfField(user)}
+  <div class="field"><label for="test-to">Test address</label><input id="test-to" name="to" type="email" required value="${user.email}"></div>
+  <div class="field"><button type="submit" class="secondary">Send test</button></div>
+</form>
+<h2>Schedule</h2>
+<form method="post" action="/app/campaigns/${c.id}/schedule" class="inline">
+  ${csrfField(user)}
+  <div class="field"><label for="scheduledAt">Send at (leave empty for now)</label><input id="scheduledAt" name="scheduledAt" type="datetime-local"></div>
+  <div class="field"><label for="timezone">Time zone</label><select id="timezone" name="timezone" data-browser-zone>
+    ${TIME_ZONES.map((zone) => html`<option${zone === DEFAULT_TIMEZONE ? html` selected` : ''}>${zone}</option>`)}
+  </select></div>
+  <div class="field"><button type="submit">Schedule</button></div>
+</form>`;
+    return sendPage(reply, page({ title: c.name, active: 'campaigns', user, notice: noticeOf(request) }, body));
+  });
+
+  app.post('/app/campaigns/:id', { schema: { hide: true } }, async (request, reply) => {
+    const { caller } = signedIn(request, 'campaigns');
+    const { id } = request.params as { id: string };
+    const form = formOf(request);
+    const body = campaignBody(form);
+    const existing = await getCampaign(request.em, caller.organizationId, id);
+    // Content written in another editor is kept as it is: the form shows it read-only.
+    const input = parseWith(PatchBody, existing.campaign.contentType === 'MARKDOWN' ? body : { ...body, content: undefined, contentType: undefined });
+    const fields = Object.fromEntries(Object.entries(input).filter(([, v]) => v !== undefined));
+    await patchCampaign(request.em, caller.organizationId, id, fields, []);
+    return reply.redirect(`/app/campaigns/${id}?notice=saved`, 303);
+  });
+
+  app.post('/app/campaigns/:id/test', { schema: { hide: true } }, async (request, reply) => {
+    const { caller } = signedIn(request, 'campaigns');
+    const { id } = request.params as { id: string };
+    const { to } = parseWith(z.object({ to: z.email('must be an email address') }), { to: formOf(request).to?.trim() });
+    await sendTestEmail(request.em, deps(), caller.organizationId, id, to);
+    return reply.redirect(`/app/campaigns/${id}?notice=test_sent`, 303);
+  });
+
+  app.post('/app/campaigns/:id/schedule', { schema: { hide: true } }, async (request, reply) => {
+    // Scheduling is a send: the API asks for the `send` permission.
+    const { caller } = signedIn(request, 'send');
+    const { id } = request.params as { id: string };
+    const form = formOf(request);
+    const input = parseWith(SendBody, { scheduledAt: optional(form.scheduledAt), timezone: optional(form.timezone) }, 400);
+    await scheduleCampaign(request.em, deps(), caller.organizationId, id, input, services.clock());
+    return reply.redirect(`/app/campaigns/${id}?notice=scheduled`, 303);
+  });
+}

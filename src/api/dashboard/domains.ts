@@ -1,0 +1,89 @@
+import { createSender, listSenders } from '../../shared/domains/senders.js';
+import { createDomain, findDomain, listDomains, mailHostOf, verifyDomain } from '../../shared/domains/service.js';
+import { CreateDomainBody, CreateSenderBody } from '../routes/domains.js';
+import type { App } from '../types.js';
+import { formOf, noticeOf, optional, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { csrfField, html, isoMinute, page, table, when } from './html.js';
+
+const PURPOSE: Record<string, string> = { dkim: 'DKIM', spf: 'SPF', dmarc: 'DMARC', return_path: 'Return path' };
+
+export async function domainPages(app: App, ctx: DashboardContext): Promise<void> {
+  const { services } = ctx;
+  const mailHost = mailHostOf(services.config.publicUrl);
+
+  app.get('/app/domains', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'domains');
+    const { items } = await listDomains(request.em, caller.organizationId, 100);
+    const rows = items.map(
+      ({ domain: d, emailSendersCount }) => html`<tr>
+  <td><a href="/app/domains/${d.id}">${d.domain}</a></td>
+  <td><span class="badge ${d.status}">${d.status}</span></td>
+  <td>${emailSendersCount}</td>
+  <td>${isoMinute(d.createdAt)}</td>
+</tr>`,
+    );
+    const body = html`<form method="post" action="/app/domains" class="inline">
+  ${csrfField(user)}
+  <div class="field"><label for="domain">Add a sending domain</label><input id="domain" name="domain" type="text" required maxlength="253" placeholder="mail.example.com"></div>
+  <div class="field"><button type="submit">Add domain</button></div>
+</form>
+${table('Domains', ['Domain', 'Status', 'Senders', 'Added'], rows)}`;
+    return sendPage(reply, page({ title: 'Domains', active: 'domains', user, notice: noticeOf(request) }, body));
+  });
+
+  app.post('/app/domains', { schema: { hide: true } }, async (request, reply) => {
+    const { caller } = signedIn(request, 'domains');
+    const input = parseWith(CreateDomainBody, { domain: optional(formOf(request).domain) ?? '' });
+    const domain = await createDomain(request.em, services.box, caller.organizationId, mailHost, input, services.clock());
+    return reply.redirect(`/app/domains/${domain.id}?notice=created`, 303);
+  });
+
+  app.get('/app/domains/:id', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'domains');
+    const d = await findDomain(request.em, caller.organizationId, (request.params as { id: string }).id);
+    const { items: senders } = await listSenders(request.em, caller.organizationId, 100);
+    const mine = senders.filter((s) => s.domainId === d.id);
+    const rows = d.dnsRecords.map(
+      (r) => html`<tr>
+  <td>${PURPOSE[r.purpose] ?? r.purpose}</td>
+  <td>${r.type}</td>
+  <td class="value">${r.name} <button type="button" class="secondary" data-copy="${r.name}" aria-label="Copy the name of the ${PURPOSE[r.purpose] ?? r.purpose} record">Copy</button></td>
+  <td class="value">${r.priority !== null ? `${r.priority} ` : ''}${r.value} <button type="button" class="secondary" data-copy="${r.value}" aria-label="Copy the value of the ${PURPOSE[r.purpose] ?? r.purpose} record">Copy</button></td>
+  <td><span class="badge ${r.status}">${r.status}</span></td>
+</tr>`,
+    );
+    const body = html`<dl class="facts">
+  <dt>Status</dt><dd><span class="badge ${d.status}">${d.status}</span></dd>
+  ${when(d.status !== 'VERIFIED' && d.message, () => html`<dt>What is missing</dt><dd>${d.message}</dd>`)}
+  <dt>Region</dt><dd>${d.region}</dd>
+</dl>
+<h2>DNS records to publish</h2>
+${table('DNS records', ['Purpose', 'Type', 'Name', 'Value', 'Status'], rows)}
+<form method="post" action="/app/domains/${d.id}/verify" class="inline">${csrfField(user)}<button type="submit">Verify now</button></form>
+<h2>Senders</h2>
+<ul>${mine.map((s) => html`<li>${s.name} &lt;${s.email}&gt;</li>`)}</ul>
+<form method="post" action="/app/domains/${d.id}/senders" class="inline">
+  ${csrfField(user)}
+  <div class="field"><label for="sender-name">Name</label><input id="sender-name" name="name" type="text" required maxlength="100"></div>
+  <div class="field"><label for="sender-email">Address</label><input id="sender-email" name="email" type="email" required placeholder="news@${d.domain}"></div>
+  <div class="field"><button type="submit">Add sender</button></div>
+</form>`;
+    return sendPage(reply, page({ title: d.domain, active: 'domains', user, notice: noticeOf(request) }, body));
+  });
+
+  app.post('/app/domains/:id/verify', { schema: { hide: true } }, async (request, reply) => {
+    const { caller } = signedIn(request, 'domains');
+    const domain = await verifyDomain(request.em, services.producer, caller.organizationId, (request.params as { id: string }).id, services.clock());
+    return reply.redirect(`/app/domains/${domain.id}?notice=verifying`, 303);
+  });
+
+  app.post('/app/domains/:id/senders', { schema: { hide: true } }, async (request, reply) => {
+    const { caller } = signedIn(request, 'domains');
+    const { id } = request.params as { id: string };
+    const domain = await findDomain(request.em, caller.organizationId, id);
+    const form = formOf(request);
+    const input = parseWith(CreateSenderBody, { name: form.name ?? '', email: form.email ?? '' });
+    await createSender(request.em, caller.organizationId, input, services.clock());
+    return reply.redirect(`/app/domains/${domain.id}?notice=sender_added`, 303);
+  });
+}

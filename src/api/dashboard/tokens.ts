@@ -1,0 +1,75 @@
+import { z } from 'zod';
+import { redisKey } from '../../shared/container.js';
+import { PRESETS, PresetSchema } from '../../shared/tokens/permissions.js';
+import { createToken, listTokens, revokeToken } from '../../shared/tokens/service.js';
+import type { App } from '../types.js';
+import { formOf, noticeOf, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { csrfField, html, isoMinute, page, table, type PageUser } from './html.js';
+
+const CreateForm = z.object({
+  name: z.string().trim().min(1, 'must be 1 to 100 characters').max(100, 'must be 1 to 100 characters'),
+  preset: PresetSchema,
+});
+
+function createForm(user: PageUser) {
+  return html`<h2>Create a token</h2>
+<form method="post" action="/app/tokens" class="inline">
+  ${csrfField(user)}
+  <div class="field"><label for="token-name">Name</label><input id="token-name" name="name" type="text" required maxlength="100"></div>
+  <div class="field"><label for="preset">Permissions</label><select id="preset" name="preset">
+    ${Object.entries(PRESETS).map(([name, scopes]) => html`<option value="${name}"${name === 'full' ? html` selected` : ''}>${name}: ${scopes.join(', ')}</option>`)}
+  </select></div>
+  <div class="field"><button type="submit">Create token</button></div>
+</form>`;
+}
+
+export async function tokenPages(app: App, ctx: DashboardContext): Promise<void> {
+  const { services } = ctx;
+  // API processes cache token lists; this is the channel on which they learn of a change.
+  const announce = (organizationId: string) =>
+    services.redis.publish(redisKey(services.config, 'tokens-changed'), organizationId).catch((error: unknown) => {
+      services.logger.warn({ err: error }, 'could not announce a token change');
+    });
+
+  async function listPage(organizationId: string, em: Parameters<typeof listTokens>[0], user: PageUser, extra = html``) {
+    const { items } = await listTokens(em, organizationId, undefined);
+    const rows = items.map(
+      (t) => html`<tr>
+  <td>${t.name}</td><td>…${t.last4}</td><td>${t.permissions.join(', ')}</td><td>${isoMinute(t.createdAt)}</td>
+  <td><form method="post" action="/app/tokens/${t.id}/revoke">${csrfField(user)}<button type="submit" class="danger" aria-label="Revoke the token ${t.name}">Revoke</button></form></td>
+</tr>`,
+    );
+    return html`${extra}${createForm(user)}<h2>Tokens</h2>${table('API tokens', ['Name', 'Ends with', 'Permissions', 'Created', ''], rows)}`;
+  }
+
+  app.get('/app/tokens', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'tokens');
+    const body = await listPage(caller.organizationId, request.em, user);
+    return sendPage(reply, page({ title: 'API tokens', active: 'tokens', user, notice: noticeOf(request) }, body));
+  });
+
+  app.post('/app/tokens', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'tokens');
+    const input = parseWith(CreateForm, formOf(request));
+    // A new token every time: the dashboard never shows an existing secret again.
+    const token = await createToken(request.em, services.box, caller, { name: input.name, preset: input.preset, reuseIfExists: false });
+    await announce(caller.organizationId);
+    const shown = html`<section aria-labelledby="new-token-h">
+<h2 id="new-token-h">Your new token "${token.name}"</h2>
+<p>Copy it now: it is shown only this once.</p>
+<p class="secret" id="new-token">${token.token}</p>
+<button type="button" class="secondary" data-copy="${token.token}">Copy</button>
+</section>`;
+    const body = await listPage(caller.organizationId, request.em, user, shown);
+    return sendPage(reply, page({ title: 'API tokens', active: 'tokens', user, notice: 'Token created.' }, body));
+  });
+
+  app.post('/app/tokens/:id/revoke', { schema: { hide: true } }, async (request, reply) => {
+    const { caller } = signedIn(request, 'tokens');
+    await revokeToken(request.em, caller.organizationId, (request.params as { id: string }).id);
+    // This process refuses the secret at once; the others when their cache entry expires.
+    ctx.tokenCache.clear();
+    await announce(caller.organizationId);
+    return reply.redirect('/app/tokens?notice=revoked', 303);
+  });
+}

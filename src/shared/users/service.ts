@@ -1,0 +1,93 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { hash, verify } from 'argon2';
+import { z } from 'zod';
+import { NotFoundError, ValidationError } from '../errors.js';
+import { newId } from '../ids.js';
+
+/** A person of an organization who signs in to the dashboard (contract 16 and 20). */
+export interface User {
+  id: string;
+  organizationId: string;
+  email: string;
+  createdAt: Date;
+}
+
+// Long passphrases are welcome; the upper bound only keeps one hash cheap to refuse.
+export const PASSWORD_MIN = 10;
+export const PASSWORD_MAX = 1024;
+
+const Email = z.email({ error: 'must be an email address' }).max(254, 'must be at most 254 characters');
+
+export function normalizeUserEmail(value: string): string {
+  return value.trim().toLowerCase();
+}
+
+function toUser(row: { id: string; organization_id: string; email: string; created_at: Date | string }): User {
+  return { id: row.id, organizationId: row.organization_id, email: row.email, createdAt: new Date(row.created_at) };
+}
+
+/**
+ * Argon2id with the library's defaults (64 MiB, 3 passes): memory-hard, as OWASP
+ * recommends for passwords; `argon2` ships prebuilt binaries inside its npm package.
+ */
+export async function createUser(em: EntityManager, input: { organizationId: string; email: string; password: string }): Promise<User> {
+  const email = normalizeUserEmail(input.email);
+  const parsed = Email.safeParse(email);
+  if (!parsed.success) throw new ValidationError(`email: ${parsed.error.issues[0]?.message}`, [{ path: 'email', message: parsed.error.issues[0]?.message ?? 'invalid' }]);
+  if (input.password.length < PASSWORD_MIN || input.password.length > PASSWORD_MAX) {
+    const message = `must be ${PASSWORD_MIN} to ${PASSWORD_MAX} characters`;
+    throw new ValidationError(`password: ${message}`, [{ path: 'password', message }]);
+  }
+  const org = await em.execute<{ id: string }[]>('select id from organizations where id = ?', [input.organizationId], 'all');
+  if (org.length === 0) throw new NotFoundError(`No organization ${input.organizationId}`);
+  const passwordHash = await hash(input.password);
+  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date }[]>(
+    `insert into users (id, organization_id, email, password_hash) values (?, ?, ?, ?)
+     on conflict (email) do nothing returning id, organization_id, email, created_at`,
+    [newId('usr'), input.organizationId, email, passwordHash],
+    'all',
+  );
+  if (rows.length === 0) throw new ValidationError(`email: a user ${email} already exists`, [{ path: 'email', message: 'already taken' }]);
+  return toUser(rows[0]!);
+}
+
+export async function listUsers(em: EntityManager, organizationId: string): Promise<User[]> {
+  const org = await em.execute<{ id: string }[]>('select id from organizations where id = ?', [organizationId], 'all');
+  if (org.length === 0) throw new NotFoundError(`No organization ${organizationId}`);
+  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date }[]>(
+    'select id, organization_id, email, created_at from users where organization_id = ? order by id',
+    [organizationId],
+    'all',
+  );
+  return rows.map(toUser);
+}
+
+export async function findUser(em: EntityManager, id: string): Promise<User | null> {
+  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date }[]>(
+    'select id, organization_id, email, created_at from users where id = ?',
+    [id],
+    'all',
+  );
+  return rows[0] ? toUser(rows[0]) : null;
+}
+
+// Verified against when the address is unknown, so that an unknown address costs as long
+// as a wrong password and timing does not tell which addresses exist.
+let decoyHash: Promise<string> | undefined;
+
+/** The user whose address and password these are, or null. */
+export async function checkPassword(em: EntityManager, email: string, password: string): Promise<User | null> {
+  if (password.length > PASSWORD_MAX) return null;
+  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date; password_hash: string }[]>(
+    'select id, organization_id, email, created_at, password_hash from users where email = ?',
+    [normalizeUserEmail(email)],
+    'all',
+  );
+  const row = rows[0];
+  if (!row) {
+    decoyHash ??= hash('decoy password, never a real one');
+    await verify(await decoyHash, password).catch(() => false);
+    return null;
+  }
+  return (await verify(row.password_hash, password).catch(() => false)) ? toUser(row) : null;
+}

@@ -1,0 +1,319 @@
+import { existsSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { insertEmails } from '../src/shared/emails/service.js';
+import { createUser } from '../src/shared/users/service.js';
+import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+// Debian's chromium (`apt-get install chromium`; .ci/run installs it when it is missing).
+const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
+const AXE = createRequire(import.meta.url).resolve('axe-core/axe.min.js');
+const SHOTS = fileURLToPath(new URL('../docs/dashboard/', import.meta.url));
+const PASSWORD = 'correct horse battery staple';
+
+let ctx: TestContext;
+let browser: Browser;
+let context: BrowserContext;
+let page: Page;
+let base: string;
+let orgA: { organizationId: string; token: string };
+let orgB: { organizationId: string; token: string };
+let scriptedEmailId: string;
+const axeFindings: string[] = [];
+
+const rows = async (sql: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute(sql, params, 'all') as Promise<Record<string, unknown>[]>;
+
+/** axe-core at both widths of contract 20; the page is screenshotted at 1280 px for the docs. */
+async function check(name: string, shot = true): Promise<void> {
+  for (const width of [390, 1280]) {
+    await page.setViewportSize({ width, height: 900 });
+    await page.addScriptTag({ path: AXE });
+    // Evaluated in the page (a string: the test's TypeScript has no DOM types).
+    const violations = (await page.evaluate(
+      `axe.run(document, { resultTypes: ['violations'] }).then((r) => r.violations.map((v) => ({ id: v.id, impact: v.impact, nodes: v.nodes.length })))`,
+    )) as Array<{ id: string; impact: string; nodes: number }>;
+    for (const v of violations) if (v.impact === 'serious' || v.impact === 'critical') axeFindings.push(`${name} @${width}px: ${v.id} (${v.impact}, ${v.nodes} nodes)`);
+    // Nothing wider than the screen: the page is usable at 390 px without sideways scrolling.
+    const overflow = (await page.evaluate('document.documentElement.scrollWidth - document.documentElement.clientWidth')) as number;
+    if (overflow > 1) axeFindings.push(`${name} @${width}px: the page is ${overflow}px wider than the screen`);
+  }
+  if (shot) await page.screenshot({ path: `${SHOTS}${name}.png`, fullPage: false });
+}
+
+async function signIn(p: Page, email: string, password: string): Promise<void> {
+  await p.goto(`${base}/app/login`);
+  await p.fill('#email', email);
+  await p.fill('#password', password);
+  await Promise.all([p.waitForLoadState('load'), p.click('button[type=submit]')]);
+}
+
+beforeAll(async () => {
+  if (!existsSync(CHROMIUM)) throw new Error(`no Chromium at ${CHROMIUM}: apt-get install -y chromium`);
+  ctx = await createTestContext();
+  orgA = await createOrg(ctx.services, { name: 'Acme' });
+  orgB = await createOrg(ctx.services, { name: 'Umbrella' });
+  await createUser(ctx.services.orm.em.fork(), { organizationId: orgA.organizationId, email: 'jane@acme.test', password: PASSWORD });
+  await createUser(ctx.services.orm.em.fork(), { organizationId: orgB.organizationId, email: 'bob@umbrella.test', password: PASSWORD });
+  const email = (organizationId: string, to: string, subject: string, content: string) => ({
+    organizationId,
+    from: 'news@acme.test',
+    to,
+    subject,
+    contentKind: 'html' as const,
+    content,
+  });
+  [scriptedEmailId] = await insertEmails(ctx.services.orm.em.fork(), [
+    email(
+      orgA.organizationId,
+      'reader@example.com',
+      'Welcome aboard',
+      '<p id="hello">Hello reader</p><script>document.body.setAttribute("data-ran", "yes"); parent.document.title = "pwned";</script><img src="x" onerror="document.body.setAttribute(\'data-ran\', \'img\')">',
+    ),
+  ]);
+  await insertEmails(ctx.services.orm.em.fork(), [
+    email(orgA.organizationId, 'second@example.com', 'Your invoice', '<p>Invoice</p>'),
+    email(orgB.organizationId, 'secret@umbrella.test', 'Umbrella internal memo', '<p>Memo</p>'),
+  ]);
+  await ctx.app.listen({ port: 0, host: '127.0.0.1' });
+  base = `http://127.0.0.1:${(ctx.app.server.address() as { port: number }).port}`;
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
+  });
+  // bypassCSP only so that the test can inject axe-core; the pages' own policy is checked below.
+  context = await browser.newContext({ bypassCSP: true, viewport: { width: 1280, height: 900 } });
+  page = await context.newPage();
+});
+
+afterAll(async () => {
+  await browser?.close();
+  await ctx?.close();
+});
+
+describe('dashboard in Chromium', () => {
+  it('refuses a wrong password, and throttles an address after 5 failures a minute', async () => {
+    await page.goto(`${base}/app/login`);
+    await check('sign-in');
+    await page.fill('#email', 'jane@acme.test');
+    await page.fill('#password', 'not the password');
+    const [answer] = await Promise.all([page.waitForResponse((r) => r.url().endsWith('/app/login') && r.request().method() === 'POST'), page.click('button[type=submit]')]);
+    expect(answer.status()).toBe(401);
+    await expect(page.locator('[role=alert]').textContent()).resolves.toContain('Wrong email or password');
+    expect((await context.cookies()).some((c) => c.name === 'mailroom_session')).toBe(false);
+
+    // Another address: five failures, then even the right password gets 429 for a minute.
+    await createUser(ctx.services.orm.em.fork(), { organizationId: orgA.organizationId, email: 'throttled@acme.test', password: PASSWORD });
+    const attempt = (password: string) =>
+      fetch(`${base}/app/login`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded', origin: base }, body: new URLSearchParams({ email: 'throttled@acme.test', password }), redirect: 'manual' });
+    for (let i = 0; i < 5; i++) expect((await attempt('wrong')).status).toBe(401);
+    const refused = await attempt(PASSWORD);
+    expect(refused.status).toBe(429);
+    expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0);
+    expect(await refused.text()).toContain('Too many failed sign-ins');
+  });
+
+  it('signs in and shows this organization emails and not another one', async () => {
+    await signIn(page, 'jane@acme.test', PASSWORD);
+    expect(new URL(page.url()).pathname).toBe('/app/emails');
+    const cookie = (await context.cookies()).find((c) => c.name === 'mailroom_session')!;
+    expect(cookie.httpOnly).toBe(true);
+    expect(cookie.sameSite).toBe('Lax');
+    expect(cookie.path).toBe('/app');
+    const text = await page.locator('main').textContent();
+    expect(text).toContain('Welcome aboard');
+    expect(text).toContain('Your invoice');
+    expect(text).not.toContain('Umbrella internal memo');
+    await check('emails');
+
+    // Recipient search and the last-event filter.
+    await page.fill('#to', 'second@example.com');
+    await Promise.all([page.waitForURL(/to=second/), page.click('form[role=search] button')]);
+    expect(await page.locator('tbody tr').count()).toBe(1);
+    await page.goto(`${base}/app/emails?event=delivered`);
+    expect(await page.locator('tbody').textContent()).toContain('Nothing here yet');
+
+    // Another organization's email by its id is a 404, not its content.
+    const [otherId] = (await rows('select id from emails where organization_id = ?', [orgB.organizationId])).map((r) => r.id);
+    const response = await page.goto(`${base}/app/emails/${otherId}`);
+    expect(response!.status()).toBe(404);
+    expect(await page.locator('main').textContent()).not.toContain('Umbrella internal memo');
+  });
+
+  it('opens an email: its HTML in a sandboxed frame whose scripts do not run, and its timeline', async () => {
+    const messages: string[] = [];
+    page.on('console', (m) => messages.push(m.text()));
+    await page.goto(`${base}/app/emails/${scriptedEmailId}`);
+    const frameElement = page.locator('iframe.preview');
+    expect(await frameElement.getAttribute('sandbox')).toBe('');
+    const frame = await (await frameElement.elementHandle())!.contentFrame();
+    await frame!.waitForSelector('#hello');
+    expect(await frame!.locator('#hello').textContent()).toBe('Hello reader');
+    expect(await frame!.locator('body').getAttribute('data-ran')).toBeNull();
+    expect(await page.title()).not.toBe('pwned');
+    expect(await page.locator('ol.timeline').textContent()).toContain('queued');
+    await check('email');
+  });
+
+  it('adds a domain and shows its DKIM record with a copy button; adds a sender', async () => {
+    await page.goto(`${base}/app/domains`);
+    await page.fill('#domain', 'acme.test');
+    await Promise.all([page.waitForURL(/\/app\/domains\/dom_/), page.click('form.inline button')]);
+    const dkim = page.locator('tr', { hasText: 'DKIM' });
+    expect(await dkim.textContent()).toMatch(/_domainkey\.acme\.test/);
+    const [stored] = await rows(`select dns_records from domains where organization_id = ?`, [orgA.organizationId]);
+    const record = (stored!.dns_records as Array<{ purpose: string; value: string }>).find((r) => r.purpose === 'dkim')!;
+    expect(await dkim.locator('button[data-copy]').nth(1).getAttribute('data-copy')).toBe(record.value);
+    await check('domain');
+    await page.fill('#sender-name', 'Acme News');
+    await page.fill('#sender-email', 'news@acme.test');
+    await Promise.all([page.waitForURL(/notice=sender_added/), page.click('form[action$="/senders"] button')]);
+    expect(await page.locator('main').textContent()).toContain('news@acme.test');
+    await page.goto(`${base}/app/domains`);
+    await check('domains');
+  });
+
+  it('writes a campaign with a live preview, and schedules it in a time zone', async () => {
+    await page.goto(`${base}/app/campaigns/new`);
+    await page.fill('#name', 'November news');
+    await page.fill('#subject', 'What is new');
+    await page.selectOption('#senderId', { label: 'Acme News <news@acme.test>' });
+    await page.fill('#content', '# Big news\n\nWe shipped **the dashboard**.\n\n[Unsubscribe]({{unsubscribe_url}})');
+    const preview = page.frameLocator('#live-preview iframe');
+    await expect.poll(async () => preview.locator('h1').textContent().catch(() => null), { timeout: 10_000 }).toBe('Big news');
+    await check('campaign-new');
+    await Promise.all([page.waitForURL(/\/app\/campaigns\/cmp_/), page.click('#campaign-form button[type=submit]')]);
+    const id = new URL(page.url()).pathname.split('/').pop()!;
+    await page.fill('#test-to', 'tester@example.com');
+    await Promise.all([page.waitForURL(/notice=test_sent/), page.click('form[action$="/test"] button')]);
+    const tests = await rows(`select to_address, subject from emails where campaign_id = ? and source = 'test'`, [id]);
+    expect(tests).toEqual([{ to_address: 'tester@example.com', subject: 'What is new' }]);
+    await page.fill('#scheduledAt', '2030-06-01T09:30');
+    await page.selectOption('#timezone', 'America/New_York');
+    await Promise.all([page.waitForURL(/notice=scheduled/), page.click('form[action$="/schedule"] button')]);
+    expect(await page.locator('main').textContent()).toContain('SCHEDULED');
+    const [row] = await rows('select status, scheduled_at, timezone from campaigns where id = ?', [id]);
+    expect(row!.status).toBe('SCHEDULED');
+    expect(new Date(row!.scheduled_at as string).toISOString()).toBe('2030-06-01T13:30:00.000Z');
+    expect(row!.timezone).toBe('America/New_York');
+    await check('campaign');
+    await page.goto(`${base}/app/campaigns`);
+    expect(await page.locator('tbody').textContent()).toContain('November news');
+    await check('campaigns');
+  });
+
+  it('imports a CSV with a progress bar, and refuses a file that is not CSV', async () => {
+    await page.goto(`${base}/app/audience/import`);
+    await check('import');
+    await page.setInputFiles('#file', { name: 'photo.csv', mimeType: 'text/csv', buffer: Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13]) });
+    const [refused] = await Promise.all([page.waitForResponse((r) => r.request().method() === 'POST'), page.click('main button[type=submit]')]);
+    expect(refused.status()).toBe(422);
+    expect(await page.locator('[role=alert]').textContent()).toContain('not a CSV file');
+    expect((await rows('select count(*)::int as n from subscribers where organization_id = ?', [orgA.organizationId]))[0]!.n).toBe(0);
+
+    await page.goto(`${base}/app/audience/import`);
+    const csv = 'email,name,tags,plan\nada@example.com,Ada,vip;beta,pro\ngrace@example.com,Grace,beta,free\nnot-an-address,Nobody,,\n';
+    await page.setInputFiles('#file', { name: 'people.csv', mimeType: 'text/csv', buffer: Buffer.from(csv) });
+    await Promise.all([page.waitForURL(/\/app\/audience\/import\/imp_/), page.click('main button[type=submit]')]);
+    await expect.poll(async () => page.locator('#import-progress label').textContent(), { timeout: 15_000 }).toBe('Import finished');
+    expect(await page.locator('#import-progress progress').getAttribute('value')).toBe('3');
+    expect(await page.locator('#import-progress').textContent()).toContain('2 created');
+    expect(await page.locator('#import-progress').textContent()).toContain('line 4: invalid email address');
+    await check('import-progress');
+    await page.goto(`${base}/app/audience?q=ada`);
+    await page.click('text=ada@example.com');
+    expect(await page.locator('ul.tags').textContent()).toContain('vip');
+    await page.fill('#tag', 'speaker');
+    await Promise.all([page.waitForURL(/notice=tag_added/), page.click('form[action$="/tags"] button')]);
+    expect(await page.locator('ul.tags').textContent()).toContain('speaker');
+    await check('subscriber');
+    await page.goto(`${base}/app/audience`);
+    await check('audience');
+  });
+
+  it('creates a token shown once, which the API accepts, and revokes it: the API then refuses it', async () => {
+    await page.goto(`${base}/app/tokens`);
+    await page.fill('#token-name', 'ci deploy');
+    await page.selectOption('#preset', 'app');
+    await Promise.all([page.waitForLoadState('load'), page.click('form[action="/app/tokens"] button')]);
+    const secret = (await page.locator('#new-token').textContent())!.trim();
+    expect(secret).toMatch(/^svc_[0-9a-f]{64}$/);
+    await check('token-created', false);
+    const api = (token: string) => fetch(`${base}/api/v2/subscribers?limit=1`, { headers: { authorization: `Bearer ${token}` } });
+    expect((await api(secret)).status).toBe(200);
+    await page.goto(`${base}/app/tokens`);
+    expect(await page.locator('main').textContent()).not.toContain(secret);
+    await check('tokens');
+    await Promise.all([page.waitForURL(/notice=revoked/), page.click('button[aria-label="Revoke the token ci deploy"]')]);
+    const refused = await api(secret);
+    expect(refused.status).toBe(401);
+    expect(((await refused.json()) as { name: string }).name).toBe('missing_api_key');
+    // The organization's first token still works.
+    expect((await api(orgA.token)).status).toBe(200);
+  });
+
+  it('checks one address and shows the quota as a meter; shows the settings', async () => {
+    await page.goto(`${base}/app/verification`);
+    await page.fill('#email', 'someone@example.com');
+    await Promise.all([page.waitForLoadState('load'), page.click('form.inline button')]);
+    expect(await page.locator('#verification-result').textContent()).toContain('someone@example.com');
+    expect(await page.locator('meter#quota').getAttribute('value')).toBe('1');
+    await check('verification');
+    await page.goto(`${base}/app/settings`);
+    await check('settings');
+    await page.uncheck('#trackClicks');
+    await Promise.all([page.waitForURL(/notice=saved/), page.click('form[action="/app/settings"] button')]);
+    const [org] = await rows('select track_clicks, track_opens from organizations where id = ?', [orgA.organizationId]);
+    expect(org).toEqual({ track_clicks: false, track_opens: true });
+  });
+
+  it('refuses a form posted from another site, and changes nothing', async () => {
+    const evil: Server = createServer((_req, res) => {
+      res.setHeader('content-type', 'text/html');
+      res.end(`<form id="f" method="post" action="${base}/app/settings"><input name="doubleOptIn" value="on"></form><script>document.getElementById('f').submit()</script>`);
+    });
+    await new Promise<void>((resolve) => evil.listen(0, '127.0.0.1', resolve));
+    try {
+      const evilPage = await context.newPage();
+      const answer = evilPage.waitForResponse((r) => r.url() === `${base}/app/settings` && r.request().method() === 'POST');
+      await evilPage.goto(`http://127.0.0.1:${(evil.address() as { port: number }).port}/`);
+      expect((await answer).status()).toBe(403);
+      await evilPage.waitForLoadState('load');
+      expect(await evilPage.locator('[role=alert]').textContent()).toContain('sent from another site');
+      await evilPage.close();
+    } finally {
+      evil.close();
+    }
+    // A post without the session's token is refused too.
+    const forged = await page.evaluate("fetch('/app/settings', { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: 'doubleOptIn=on' }).then((r) => r.status)");
+    expect(forged).toBe(403);
+    const [org] = await rows('select double_opt_in from organizations where id = ?', [orgA.organizationId]);
+    expect(org!.double_opt_in).toBe(false);
+  });
+
+  it('sends an expired session to the sign-in page, and changes nothing', async () => {
+    await page.goto(`${base}/app/settings`);
+    // The session's 12 hours pass: its Redis key is gone.
+    const keys = await ctx.services.redis.keys(`${ctx.env.config.redisPrefix}:dashboard:session:*`);
+    expect(keys.length).toBeGreaterThan(0);
+    await ctx.services.redis.del(...keys);
+    await page.check('#doubleOptIn');
+    await Promise.all([page.waitForURL(/\/app\/login/), page.click('form[action="/app/settings"] button')]);
+    expect(await page.locator('[role=status]').textContent()).toContain('session has expired');
+    const [org] = await rows('select double_opt_in from organizations where id = ?', [orgA.organizationId]);
+    expect(org!.double_opt_in).toBe(false);
+  });
+
+  it('signs out', async () => {
+    await signIn(page, 'jane@acme.test', PASSWORD);
+    await Promise.all([page.waitForURL(/signed_out/), page.click('.signout button')]);
+    const response = await page.goto(`${base}/app/emails`);
+    expect(new URL(response!.url()).pathname).toBe('/app/login');
+  });
+
+  it('has no serious or critical axe-core violation on any page at 390 and 1280 px', () => {
+    expect(axeFindings).toEqual([]);
+  });
+});
