@@ -76,6 +76,8 @@ describe('loadConfig defaults (contract 2)', () => {
       POSTMARK_WEBHOOK_PASSWORD: 'pm-pw',
       MAILGUN_WEBHOOK_SIGNING_KEY: 'mg-key',
       SENDGRID_WEBHOOK_PUBLIC_KEY: 'sg-key',
+      EMAIL_RETENTION_DAYS: '90',
+      SYSTEM_FROM: 'robot@mail.example.com',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -106,6 +108,8 @@ describe('loadConfig defaults (contract 2)', () => {
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
       logLevel: 'warn',
+      emailRetentionDays: 90,
+      systemFrom: 'robot@mail.example.com',
     });
   });
 
