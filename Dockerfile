@@ -1,18 +1,35 @@
 # One image for every role of mailroom (api, worker, migrate): the command picks the role.
-FROM node:20-slim
+# Multi-stage: TypeScript is compiled in the build stage; the final image holds the compiled
+# JavaScript (dist/) and the production dependencies only, no TypeScript tooling.
+# Node.js 24 is the Active LTS line (supported until April 2028).
+ARG NODE_IMAGE=node:24.11-bookworm-slim
 
+# Production dependencies only.
+FROM ${NODE_IMAGE} AS deps
 WORKDIR /app
-ENV NODE_ENV=production
-
-# Dependencies first, so a change of the sources does not reinstall them. tsx is a runtime
-# dependency: the services run their TypeScript sources directly, as `npm start` does.
 COPY package.json package-lock.json ./
+COPY scripts ./scripts
 RUN npm ci --omit=dev --no-audit --no-fund && npm cache clean --force
 
-COPY tsconfig.json ./
+# Every dependency, and the build.
+FROM ${NODE_IMAGE} AS build
+WORKDIR /app
+COPY package.json package-lock.json ./
+COPY scripts ./scripts
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
-RUN mkdir -p data && chown node:node data
+RUN npm run build
 
+FROM ${NODE_IMAGE}
+WORKDIR /app
+ENV NODE_ENV=production
+COPY --from=deps /app/node_modules ./node_modules
+COPY --from=build /app/dist ./dist
+COPY package.json package-lock.json ./
+COPY scripts ./scripts
+RUN mkdir -p data && chown node:node data
 USER node
 EXPOSE 3000
-CMD ["npm", "run", "start:api"]
+# node itself (not npm) is the process: it receives SIGTERM and shuts down gracefully.
+CMD ["node", "dist/api/server.js"]

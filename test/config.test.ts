@@ -93,6 +93,8 @@ describe('loadConfig defaults (contract 2)', () => {
       INBOUND_MAX_CONNECTIONS: '7',
       BOUNCE_DOMAIN: 'Bounces.Example.COM',
       WEBHOOK_ALLOW_PRIVATE_URLS: 'true',
+      EMAIL_RETENTION_DAYS: '90',
+      SYSTEM_FROM: 'robot@mail.example.com',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -131,6 +133,8 @@ describe('loadConfig defaults (contract 2)', () => {
       secretKeyFile: '/var/lib/mailroom/secret-key',
       inbound: { host: '0.0.0.0', port: 25, maxMessageBytes: 2048, maxConnections: 7, bounceDomain: 'bounces.example.com' },
       webhookAllowPrivateUrls: true,
+      emailRetentionDays: 90,
+      systemFrom: 'robot@mail.example.com',
     });
   });
 

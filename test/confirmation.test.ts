@@ -70,7 +70,22 @@ describe('double opt-in confirmation (contract 6, 10)', () => {
     expect(head.statusCode).toBe(404);
     expect((await evidence(s.id))[0].status).toBe('PENDING_CONFIRMATION');
 
-    const page = await ctx.app.inject({ url: `/confirm/${link![1]}`, headers: { 'user-agent': 'MailClient/1.0' }, remoteAddress: '198.51.100.4' });
+    // GET (what a mail scanner or link preview does) shows the button and changes nothing.
+    const shown = await ctx.app.inject({ url: `/confirm/${link![1]}`, headers: { 'user-agent': 'Scanner/1.0' } });
+    expect(shown.statusCode).toBe(200);
+    expect(shown.headers['content-type']).toContain('text/html');
+    expect(shown.body).toContain(`<form method="post" action="/confirm/${link![1]}">`);
+    expect(shown.body).toContain('confirm-me@example.com');
+    expect(await evidence(s.id)).toMatchObject([{ status: 'PENDING_CONFIRMATION', confirmed_at: null, confirm_user_agent: null }]);
+
+    // The button posts the form.
+    const page = await ctx.app.inject({
+      method: 'POST',
+      url: `/confirm/${link![1]}`,
+      headers: { 'user-agent': 'MailClient/1.0', 'content-type': 'application/x-www-form-urlencoded' },
+      payload: '',
+      remoteAddress: '198.51.100.4',
+    });
     expect(page.statusCode).toBe(200);
     expect(page.headers['content-type']).toContain('text/html');
     expect(page.body).toContain('Subscription confirmed');
@@ -79,9 +94,12 @@ describe('double opt-in confirmation (contract 6, 10)', () => {
     expect(row.confirmed_at).not.toBeNull();
     expect((await api('GET', `/subscribers/${s.id}`)).json().status).toBe('SUBSCRIBED');
 
-    const again = await ctx.app.inject({ url: `/confirm/${link![1]}` });
+    const again = await ctx.app.inject({ method: 'POST', url: `/confirm/${link![1]}` });
     expect(again.statusCode).toBe(200);
     expect(again.body).toContain('Already confirmed');
+    const shownAgain = await ctx.app.inject({ url: `/confirm/${link![1]}` });
+    expect(shownAgain.body).toContain('Already confirmed');
+    expect(shownAgain.body).not.toContain('<form');
   });
 
   it('a forged, altered or other-purpose token is 404 and changes nothing', async () => {
@@ -94,9 +112,11 @@ describe('double opt-in confirmation (contract 6, 10)', () => {
       'nothing',
     ];
     for (const t of forged) {
-      const res = await ctx.app.inject({ url: `/confirm/${t}` });
-      expect(res.statusCode).toBe(404);
-      expect(res.headers['content-type']).toContain('text/html');
+      for (const method of ['GET', 'POST'] as const) {
+        const res = await ctx.app.inject({ method, url: `/confirm/${t}` });
+        expect(res.statusCode).toBe(404);
+        expect(res.headers['content-type']).toContain('text/html');
+      }
     }
     expect((await evidence(s.id))[0].status).toBe('PENDING_CONFIRMATION');
   });
@@ -106,12 +126,13 @@ describe('double opt-in confirmation (contract 6, 10)', () => {
     const link = confirmationToken(ctx.services.signer, s);
     await api('PATCH', `/subscribers/${s.id}`, { email: 'after@example.com' });
     expect((await ctx.app.inject({ url: `/confirm/${link}` })).statusCode).toBe(404);
+    expect((await ctx.app.inject({ method: 'POST', url: `/confirm/${link}` })).statusCode).toBe(404);
   });
 
   it('does not re-subscribe a contact that unsubscribed before confirming', async () => {
     const s = (await api('POST', '/subscribers', { email: 'changed-mind@example.com' })).json();
     await api('POST', `/subscribers/${s.id}/unsubscribe`);
-    const res = await ctx.app.inject({ url: `/confirm/${confirmationToken(ctx.services.signer, s)}` });
+    const res = await ctx.app.inject({ method: 'POST', url: `/confirm/${confirmationToken(ctx.services.signer, s)}` });
     expect(res.body).toContain('Nothing to confirm');
     expect((await evidence(s.id))[0].status).toBe('UNSUBSCRIBED');
   });
@@ -151,7 +172,7 @@ describe('double opt-in end to end through the file transport (issue 3 "done whe
       const token = /https:\/\/mail\.example\.test\/confirm\/([A-Za-z0-9_.-]+)/.exec(body)?.[1];
       expect(token).toBeTruthy();
 
-      const page = await ctx.app.inject({ method: 'GET', url: `/confirm/${token}`, headers: { 'user-agent': 'eml-test' } });
+      const page = await ctx.app.inject({ method: 'POST', url: `/confirm/${token}`, headers: { 'user-agent': 'eml-test' } });
       expect(page.statusCode).toBe(200);
       const [row] = await evidence(created.id);
       expect(row).toMatchObject({ status: 'SUBSCRIBED', confirm_user_agent: 'eml-test' });

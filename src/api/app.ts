@@ -1,11 +1,14 @@
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { EntityManager } from '@mikro-orm/postgresql';
+import type { z } from 'zod';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyRequest } from 'fastify';
-import { jsonSchemaTransform, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
+import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
 import { dashboard } from './dashboard/index.js';
+import { finishOpenApi } from './openapi.js';
+import { installValidationMessages, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
@@ -45,7 +48,12 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     frameworkErrors: (error, request, reply) => frameworkError(error, request, reply, request.url.startsWith('/api/v1/') ? v1Error : undefined),
   }).withTypeProvider<ZodTypeProvider>();
 
-  app.setValidatorCompiler(validatorCompiler);
+  // Unknown body fields are refused, and zod's messages are written for a person (validation.ts).
+  installValidationMessages();
+  // Only the API's own bodies: the provider webhooks and the dashboard's forms take what others send.
+  app.setValidatorCompiler<z.ZodType>((route) =>
+    validatorCompiler(route.httpPart === 'body' && route.url.startsWith('/api/v2/') ? { ...route, schema: strictBody(route.schema) as z.ZodType } : route),
+  );
   app.setSerializerCompiler(serializerCompiler);
   // Only JSON bodies are accepted anywhere: anything else is 415 (contract 4).
   app.removeContentTypeParser(['text/plain']);
@@ -90,12 +98,17 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
         title: 'mailroom API',
         version: '2.0.0',
         description: 'Transactional email, campaigns, audience, sending domains and address verification.',
+        license: { name: 'MIT', identifier: 'MIT' },
       },
-      servers: [{ url: services.config.publicUrl }],
+      // The document is served by the API it describes: a relative server is always right
+      // (and PUBLIC_URL may name another host, e.g. a tracking domain).
+      servers: [{ url: '/', description: 'this server' }],
       components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'An API token: svc_ + 64 hex' } } },
       security: [{ bearer: [] }],
     },
     transform: jsonSchemaTransform,
+    // Shared schemas (zod `.meta({ id })`) into components, then what every operation shares.
+    transformObject: (input) => finishOpenApi(jsonSchemaTransformObject(input)),
   });
   await app.register(swaggerUi, { routePrefix: '/docs' });
 
@@ -109,6 +122,9 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
   const tokenCache = new TokenCache();
+  // Learns of revoked tokens from every process (contract 16).
+  tokenCache.start(services);
+  app.addHook('onClose', async () => tokenCache.close());
   const rateLimiter = new RateLimiter(services);
   await app.register(
     async (v2) => {

@@ -6,6 +6,7 @@ import { SecretBox } from '../shared/crypto.js';
 import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js';
 import { AppError } from '../shared/errors.js';
 import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
+import { orgList, tokenList, tokenRevoke, type OperatorCli } from './operator.js';
 import { subscribersImport } from './subscribers-import.js';
 import { userCreate, userList } from './users.js';
 
@@ -16,6 +17,9 @@ Operator commands (talk to the database directly):
   org create --name NAME [--double-opt-in] [--verify-quota N] [--json]
   org update ID [--name NAME] [--double-opt-in on|off] [--verify-quota N]
                 [--track-opens on|off] [--track-clicks on|off]
+  org list [--json]                         every organization with its token count
+  token list --org ID [--json]              the organization's tokens (never their secrets)
+  token revoke ID [--json]                  delete a token: every API process refuses it within 2 s
   subscribers import FILE.csv --org ORG_ID [--no-resubscribe] [--json]
                                             upsert subscribers from a CSV (columns email, name,
                                             phone, tags separated by ; or |, other columns are
@@ -23,6 +27,8 @@ Operator commands (talk to the database directly):
   user create --org ORG_ID --email EMAIL [--json]
                                             a dashboard user; the password is read from stdin
   user list --org ORG_ID [--json]
+
+Operator commands need the same DATABASE_URL (and REDIS_URL, REDIS_PREFIX) as the server.
 
 User commands (talk to the API: MAILROOM_URL, default http://127.0.0.1:3000, and MAILROOM_TOKEN):
   verify EMAIL [--json]                     verify an address (counts against the monthly quota)
@@ -179,6 +185,30 @@ async function runMigrate(config: Config): Promise<void> {
   process.stderr.write(applied.length ? `applied ${applied.join(', ')}\n` : 'database is up to date\n');
 }
 
+const operator: OperatorCli = {
+  withOrm,
+  usage: (message) => new UsageError(message),
+  print: (text) => {
+    process.stdout.write(`${text}\n`);
+  },
+};
+
+type Command = (config: Config, args: string[]) => Promise<number | void>;
+
+/** Every command by its words ("org create", or one word such as "verify"): one line adds one. */
+const COMMANDS: Record<string, Command> = {
+  migrate: (config) => runMigrate(config),
+  'org create': orgCreate,
+  'org update': orgUpdate,
+  'org list': (config, args) => orgList(operator, config, args),
+  'token list': (config, args) => tokenList(operator, config, args),
+  'token revoke': (config, args) => tokenRevoke(operator, config, args),
+  'subscribers import': (config, args) => subscribersImport(config, args, (m) => new UsageError(m)),
+  'user create': (config, args) => userCreate(config, args, (m) => new UsageError(m)),
+  'user list': (config, args) => userList(config, args, (m) => new UsageError(m)),
+  verify: (_config, args) => verify(args),
+};
+
 export async function main(argv: string[]): Promise<number> {
   const [command, sub, ...rest] = argv;
   let config: Config;
@@ -193,14 +223,11 @@ export async function main(argv: string[]): Promise<number> {
     throw error;
   }
   try {
-    if (command === 'migrate') await runMigrate(config);
-    else if (command === 'org' && sub === 'create') await orgCreate(config, rest);
-    else if (command === 'org' && sub === 'update') await orgUpdate(config, rest);
-    else if (command === 'subscribers' && sub === 'import') await subscribersImport(config, rest, (m) => new UsageError(m));
-    else if (command === 'user' && sub === 'create') await userCreate(config, rest, (m) => new UsageError(m));
-    else if (command === 'user' && sub === 'list') await userList(config, rest, (m) => new UsageError(m));
-    else if (command === 'verify') return await verify(argv.slice(1));
-    else if (!command || command === 'help' || command === '--help') process.stdout.write(USAGE);
+    const twoWords = COMMANDS[`${command} ${sub}`];
+    if (twoWords) return (await twoWords(config, rest)) ?? 0;
+    const oneWord = command ? COMMANDS[command] : undefined;
+    if (oneWord) return (await oneWord(config, argv.slice(1))) ?? 0;
+    if (!command || command === 'help' || command === '--help') process.stdout.write(USAGE);
     else throw new UsageError(`unknown command: ${argv.join(' ')}`);
     return 0;
   } catch (error) {

@@ -2,10 +2,10 @@ import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { parseArgs } from 'node:util';
 import { SingleBar } from 'cli-progress';
-import { parse } from 'csv-parse';
+import { CsvError, parse } from 'csv-parse';
 import type { Config } from '../shared/config.js';
 import { initOrm } from '../shared/db/orm.js';
-import { NotFoundError } from '../shared/errors.js';
+import { AppError, NotFoundError } from '../shared/errors.js';
 import { importBatch, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
 
 // Rows per transaction: large enough that a batch costs a few round trips per thousand
@@ -61,19 +61,36 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     if (org.length === 0) throw new NotFoundError(`no organization ${organizationId}`);
 
     let missingEmail = false;
-    const parser = createReadStream(file).pipe(
-      parse({
-        bom: true,
-        columns: (header: string[]) => {
-          const columns = header.map((h) => h.trim().toLowerCase());
-          if (!columns.includes('email')) missingEmail = true;
-          return columns;
-        },
-        skip_empty_lines: true,
-        relax_column_count: true,
-        trim: true,
-      }),
-    );
+    let headerLength = 0;
+    const open = () =>
+      createReadStream(file).pipe(
+        parse({
+          bom: true,
+          columns: (header: string[]) => {
+            const columns = header.map((h) => h.trim().toLowerCase());
+            if (!columns.includes('email')) missingEmail = true;
+            headerLength = columns.length;
+            return columns;
+          },
+          skip_empty_lines: true,
+          relax_column_count: true,
+          trim: true,
+          // Each record with its own position: the parser reads ahead of this loop, so its
+          // running counters name a later line than the record's.
+          info: true,
+        }),
+      );
+    // A first pass that only parses: a broken file (an unclosed quote, say) is refused with
+    // one line naming the problem before anything is imported. Parsing is a small part of
+    // an import's cost (bench/README.md).
+    try {
+      for await (const _ of open()) if (missingEmail) break;
+    } catch (error) {
+      throw brokenFile(file, error);
+    }
+    if (missingEmail) throw usage('the CSV file has no email column (the first line must name the columns)');
+
+    const parser = open();
     bar.start(size, 0, { rows: 0, rate: 0 });
     let batch: ImportRow[] = [];
     const flush = async () => {
@@ -83,16 +100,19 @@ export async function subscribersImport(config: Config, args: string[], usage: (
       summary.updated += result.updated;
       batch = [];
     };
-    for await (const record of parser as AsyncIterable<Record<string, string>>) {
-      if (missingEmail) throw usage('the CSV file has no email column (the first line must name the columns)');
+    for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>; info: { lines: number; error?: Error } }>) {
       summary.rows++;
       const parsed = parseImportRecord(record);
       if ('error' in parsed) {
         summary.skipped++;
-        if (problems.length < SHOWN_PROBLEMS) problems.push(`line ${parser.info.lines}: ${parsed.error}`);
+        if (problems.length < SHOWN_PROBLEMS) problems.push(`line ${info.lines}: ${parsed.error}`);
       } else {
-        summary.warnings += parsed.warnings.length;
-        for (const warning of parsed.warnings) if (problems.length < SHOWN_PROBLEMS) problems.push(`line ${parser.info.lines}: ${warning}`);
+        const warnings = [...parsed.warnings];
+        // More cells than the header names: the extra ones have no column to go to.
+        const got = Number(/got (\d+)/.exec(info.error?.message ?? '')?.[1] ?? 0);
+        if (got > headerLength) warnings.push(`${got} fields but the header names ${headerLength}: the last ${got - headerLength} ignored`);
+        summary.warnings += warnings.length;
+        for (const warning of warnings) if (problems.length < SHOWN_PROBLEMS) problems.push(`line ${info.lines}: ${warning}`);
         batch.push(parsed.row);
       }
       if (batch.length >= BATCH_SIZE) {
@@ -122,4 +142,10 @@ export async function subscribersImport(config: Config, args: string[], usage: (
         `${summary.created} created, ${summary.updated} updated, ${summary.skipped} skipped, ${summary.warnings} warnings.\n`,
     );
   }
+}
+
+/** A file csv-parse cannot read, as one line: `FILE: Quote Not Closed: … at line 6`. */
+function brokenFile(file: string, error: unknown): Error {
+  if (error instanceof CsvError) return new AppError(422, 'invalid_csv', `${file} is not a valid CSV file: ${error.message}; nothing was imported`);
+  return error instanceof Error ? error : new Error(String(error));
 }

@@ -34,7 +34,8 @@ const envSchema = z
       .default('mailroom'),
     HOST: z.string().min(1).default('127.0.0.1'),
     PORT: z.coerce.number().int().min(0).max(65535).default(3000),
-    PUBLIC_URL: z.url({ protocol: /^https?$/ }).default('http://localhost:3000'),
+    // Default: http://localhost:{PORT}, so links follow the port.
+    PUBLIC_URL: z.url({ protocol: /^https?$/ }).optional(),
     SECRET_KEY: z.string().min(32, 'must be at least 32 characters').optional(),
     MAIL_TRANSPORT: z.enum(['file', 'smtp']).default('file'),
     MAIL_OUTBOX_DIR: z.string().min(1).default('./data/outbox'),
@@ -137,6 +138,14 @@ const envSchema = z
       .optional(),
     // Webhooks (contract 17): allow endpoint URLs whose host is loopback/private/link-local.
     WEBHOOK_ALLOW_PRIVATE_URLS: booleanish.optional(),
+    // Operator essentials: retention of old rows (purge-expired) and the From address of the
+    // service's own mail (double opt-in confirmations of an organization without a sender).
+    EMAIL_RETENTION_DAYS: z.coerce.number().int().min(1, 'must be at least 1 (days)').max(36_500).default(30),
+    SYSTEM_FROM: z
+      .string()
+      .trim()
+      .regex(/^[^\s@<>"]+@[^\s@<>".]+(\.[^\s@<>".]+)+$/, 'expected an address such as no-reply@mail.example.com')
+      .optional(),
   })
   .superRefine((env, ctx) => {
     if (env.NODE_ENV === 'production' && !env.SECRET_KEY) {
@@ -226,6 +235,10 @@ export interface Config {
   };
   /** Webhooks: endpoint URLs may resolve to private addresses (default: outside production). */
   webhookAllowPrivateUrls: boolean;
+  /** Emails, their events and verification results older than this are purged. */
+  emailRetentionDays: number;
+  /** From address of the service's own mail (SYSTEM_FROM or derived from PUBLIC_URL). */
+  systemFrom: string;
 }
 
 export class ConfigError extends Error {
@@ -246,6 +259,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     );
   }
   const e = parsed.data;
+  const publicUrl = (e.PUBLIC_URL ?? `http://localhost:${e.PORT}`).replace(/\/+$/, '');
   return {
     nodeEnv: e.NODE_ENV,
     databaseUrl: e.DATABASE_URL,
@@ -253,7 +267,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     redisPrefix: e.REDIS_PREFIX,
     host: e.HOST,
     port: e.PORT,
-    publicUrl: e.PUBLIC_URL.replace(/\/+$/, ''),
+    publicUrl,
     secretKey: e.SECRET_KEY ?? DEVELOPMENT_SECRET_KEY,
     usingDevelopmentSecret: e.SECRET_KEY === undefined,
     mail: {
@@ -303,8 +317,20 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       port: e.INBOUND_SMTP_PORT,
       maxMessageBytes: e.INBOUND_MAX_MESSAGE_BYTES,
       maxConnections: e.INBOUND_MAX_CONNECTIONS,
-      bounceDomain: e.BOUNCE_DOMAIN ?? new URL(e.PUBLIC_URL).hostname.toLowerCase(),
+      bounceDomain: e.BOUNCE_DOMAIN ?? new URL(publicUrl).hostname.toLowerCase(),
     },
     webhookAllowPrivateUrls: e.WEBHOOK_ALLOW_PRIVATE_URLS ?? e.NODE_ENV !== 'production',
+    emailRetentionDays: e.EMAIL_RETENTION_DAYS,
+    systemFrom: e.SYSTEM_FROM ?? defaultSystemFrom(publicUrl),
   };
+}
+
+/**
+ * `no-reply@` the host of PUBLIC_URL when it is a domain name; an IP address or a name
+ * without a dot (localhost) makes no usable address, so `no-reply@localhost.localdomain`.
+ */
+export function defaultSystemFrom(publicUrl: string): string {
+  const host = new URL(publicUrl).hostname;
+  const isIp = /^[\d.]+$/.test(host) || host.startsWith('[');
+  return `no-reply@${!isIp && host.includes('.') ? host : 'localhost.localdomain'}`;
 }

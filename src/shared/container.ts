@@ -54,6 +54,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const producer = new QueueProducer(redis, config.redisPrefix);
   const box = new SecretBox(config.secretKey);
   const returnPaths = new ReturnPaths(config.secretKey);
+  const metrics = createMetrics({ producer, orm, logger });
   return {
     config,
     logger,
@@ -63,8 +64,8 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     box,
     signer: new LinkSigner(config.secretKey),
     clock: () => new Date(),
-    dns: await createDns(redis, config, { logger }),
-    metrics: createMetrics({ producer, orm, logger }),
+    dns: await createDns(redis, config, { logger, metrics }),
+    metrics,
     mailer: createMailTransport(config.mail, {
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,

@@ -75,7 +75,9 @@ function readData(stream: SMTPServerDataStream): Promise<Buffer | undefined> {
 export async function startSubmission(services: Services, options: SubmissionOptions = {}): Promise<SubmissionListener> {
   const settings = services.config.smtpSubmission;
   const production = services.config.nodeEnv === 'production';
+  // Learns of revocations on the token-change channel, as the API's cache does.
   const tokenCache = new TokenCache();
+  tokenCache.start(services);
   const limiter = new RateLimiter(services);
   const deps = { producer: services.producer, logger: services.logger };
   const max = settings.maxMessageBytes;
@@ -190,6 +192,7 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     tlsPort,
     async close() {
       await Promise.all(servers.map((server) => new Promise<void>((resolve) => server.close(() => resolve()))));
+      tokenCache.close();
     },
   };
 }

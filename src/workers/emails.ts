@@ -1,6 +1,6 @@
 import { DelayedError } from 'bullmq';
 import type { Services } from '../shared/container.js';
-import { DeliveryStore, deliverEmail, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
+import { DeliveryStore, deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
 import { HandoverFence } from '../shared/emails/handover.js';
 import { sendGateOf } from '../shared/outcomes/send-gate.js';
 import { purgeIdempotencyKeys, queueForSource, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
@@ -93,6 +93,28 @@ function storeOf(services: Services): DeliveryStore {
   return store;
 }
 
+/**
+ * The send path's counters (docs/operations.md). `source` follows the queue: campaign
+ * emails have their own; test sends and confirmation emails count as `api`. Suppressed
+ * recipients are counted by the send gate.
+ */
+function recordOutcome(ctx: JobContext, result: DeliverOutcome, finalAttempt: boolean): void {
+  const { metrics } = ctx.services;
+  if (result.outcome === 'sent' || result.outcome === 'delivered') {
+    metrics.emailsSent.inc({ source: ctx.job.queueName === 'campaign-emails' ? 'campaign' : 'api' });
+    // The file transport reports delivery at once (contract 11).
+    if (result.outcome === 'delivered') metrics.emailsDelivered.inc();
+  } else if (result.outcome === 'failed' && result.reason !== SUPPRESSED_REASON) {
+    metrics.emailsFailed.inc({ reason: failureCode(result.reason, finalAttempt) });
+  }
+}
+
+function failureCode(reason: string, finalAttempt: boolean): string {
+  if (reason.startsWith('rendering failed')) return 'rendering';
+  if (reason.startsWith('connection lost after')) return 'interrupted';
+  return finalAttempt ? 'attempts_exhausted' : 'rejected';
+}
+
 async function send(payload: { emailId: string; throttled?: number }, ctx: JobContext) {
   const { job } = ctx;
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
@@ -106,6 +128,7 @@ async function send(payload: { emailId: string; throttled?: number }, ctx: JobCo
       },
     });
     if (result.outcome === 'failed' && result.reason !== SUPPRESSED_REASON) ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
+    recordOutcome(ctx, result, finalAttempt);
     return result;
   } catch (error) {
     if (error instanceof RetryLaterError && error.throttle && job.token) {

@@ -16,8 +16,8 @@ export interface ConfirmationMessage {
 /**
  * The From of the organization's own mail: its oldest sender that the sending policy allows
  * (docs/security.md: never a domain the organization has not proven when
- * ALLOW_UNVERIFIED_DOMAINS=false), else `no-reply@` the host of PUBLIC_URL, the service's
- * own address (docs/audience.md). Named after the organization either way.
+ * ALLOW_UNVERIFIED_DOMAINS=false), else SYSTEM_FROM (by default `no-reply@` the host of
+ * PUBLIC_URL; docs/audience.md). Named after the organization either way.
  */
 async function confirmationFrom(ctx: JobContext, organizationId: string, organizationName: string): Promise<string> {
   const senders = (await ctx.em.execute('select email from senders where organization_id = ? order by created_at, id limit 20', [organizationId])) as Array<{
@@ -30,8 +30,7 @@ async function confirmationFrom(ctx: JobContext, organizationId: string, organiz
       break;
     }
   }
-  const host = new URL(ctx.services.config.publicUrl).hostname;
-  const address = allowed ?? `no-reply@${host.includes('.') ? host : `${host}.localdomain`}`;
+  const address = allowed ?? ctx.services.config.systemFrom;
   // A display name is a quoted string: drop what would need escaping rather than escape it.
   const name = organizationName.replace(/["\\\r\n]/g, '').trim();
   return name ? `"${name}" <${address}>` : address;

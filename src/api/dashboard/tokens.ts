@@ -1,7 +1,8 @@
 import { z } from 'zod';
 import { redisKey } from '../../shared/container.js';
 import { PRESETS, PresetSchema } from '../../shared/tokens/permissions.js';
-import { createToken, listTokens, revokeToken } from '../../shared/tokens/service.js';
+import { revokeToken } from '../../shared/tokens/revoke.js';
+import { createToken, listTokens } from '../../shared/tokens/service.js';
 import type { App } from '../types.js';
 import { formOf, noticeOf, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
 import { csrfField, html, isoMinute, page, table, type PageUser } from './html.js';
@@ -67,7 +68,8 @@ export async function tokenPages(app: App, ctx: DashboardContext): Promise<void>
   app.post('/app/tokens/:id/revoke', { schema: { hide: true } }, async (request, reply) => {
     const { caller } = signedIn(request, 'tokens');
     await revokeToken(request.em, caller.organizationId, (request.params as { id: string }).id);
-    // This process refuses the secret at once; the others when their cache entry expires.
+    // This process refuses the secret at once; the others as soon as the announcement reaches
+    // them (the same channel as DELETE /api/v2/tokens/{id}).
     ctx.tokenCache.clear();
     await announce(caller.organizationId);
     return reply.redirect('/app/tokens?notice=revoked', 303);

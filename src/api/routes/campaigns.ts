@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { CAMPAIGN_STATUSES, CONTENT_TYPES } from '../../shared/db/entities/campaign.js';
 import { RecipientFiltersSchema } from '../../shared/campaigns/filters.js';
 import {
+  DEFAULT_MAIL_FORMAT,
   createCampaign,
   deleteCampaign,
   getCampaign,
@@ -24,7 +25,7 @@ const CampaignFieldsShape = {
   preview: z.string().max(1000).refine(noLineBreak, 'must not contain CR or LF').nullable().optional(),
   content: Content.optional(),
   contentType: z.enum(CONTENT_TYPES).optional(),
-  mailFormat: z.string().max(50).nullable().optional(),
+  mailFormat: z.string().max(50).nullable().optional().describe('Free text, default "html"; null sets the default'),
   senderId: z.string().max(100).nullable().optional(),
   replyTo: z.email('must be an email address').nullable().optional(),
   recipientFilters: RecipientFiltersSchema.optional(),
@@ -42,7 +43,7 @@ const CampaignOut = z.object({
   preview: z.string().nullable(),
   status: z.enum(CAMPAIGN_STATUSES),
   contentType: z.enum(CONTENT_TYPES),
-  mailFormat: z.string().nullable(),
+  mailFormat: z.string(),
   content: z.unknown(),
   recipientCount: z.number().int(),
   recipientFilters: z.array(z.unknown()),
@@ -57,7 +58,7 @@ const CampaignOut = z.object({
   replyTo: z.string().nullable(),
   createdAt: Timestamp,
   updatedAt: Timestamp,
-});
+}).meta({ id: 'Campaign' });
 
 function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.infer<typeof CampaignOut> {
   return {
@@ -68,7 +69,8 @@ function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.i
     preview: c.preview,
     status: c.status,
     contentType: c.contentType,
-    mailFormat: c.mailFormat,
+    // Always a string (spec 2.5): null (an older row, or set to null) reads as the default.
+    mailFormat: c.mailFormat ?? DEFAULT_MAIL_FORMAT,
     content: c.content,
     recipientCount,
     recipientFilters: c.recipientFilters,

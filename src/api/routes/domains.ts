@@ -22,7 +22,7 @@ const DnsRecord = z.object({
   ttl: z.number().int(),
   purpose: z.enum(['dkim', 'spf', 'dmarc', 'return_path']),
   status: Status,
-});
+}).meta({ id: 'DnsRecord' });
 
 const DomainGet = z.object({
   id: z.string(),
@@ -33,7 +33,7 @@ const DomainGet = z.object({
   mailProviderRecords: z.array(z.unknown()),
   dnsRecords: z.array(DnsRecord),
   message: z.string().optional().describe('Present while verification is incomplete'),
-});
+}).meta({ id: 'Domain' });
 
 const DomainListItem = z.object({
   id: z.string(),
@@ -42,7 +42,7 @@ const DomainListItem = z.object({
   region: z.string(),
   createdAt: Timestamp,
   emailSendersCount: z.number().int(),
-});
+}).meta({ id: 'DomainListItem' });
 
 export const CreateDomainBody = z.object({
   domain: z.string().min(1).max(253),
@@ -60,7 +60,7 @@ const SenderShape = z.object({
   email: z.string(),
   domainId: z.string(),
   createdAt: Timestamp,
-});
+}).meta({ id: 'Sender' });
 
 export const CreateSenderBody = z.object({
   name: z.string().trim().min(1, 'must be 1 to 100 characters').max(100, 'must be 1 to 100 characters'),

@@ -26,7 +26,7 @@ const EmailRow = z.object({
   scheduled_at: z.null(),
   created_at: Timestamp,
   last_event: z.enum(LAST_EVENTS),
-});
+}).meta({ id: 'Email' });
 const EmailResource = EmailRow.extend({
   object: z.literal('email'),
   html: z.string().nullable(),
@@ -79,6 +79,8 @@ function idempotency(request: FastifyRequest, key: string | undefined, route: st
 export async function emailsRoutes(app: App): Promise<void> {
   const deps = { producer: app.services.producer, logger: app.services.logger };
   const writer = new EmailWriter(app.services.orm, deps);
+  // A replayed Idempotency-Key accepts nothing new.
+  const accepted = app.services.metrics.emailsAccepted.labels({ source: 'api' });
 
   app.post(
     '/emails',
@@ -96,7 +98,8 @@ export async function emailsRoutes(app: App): Promise<void> {
       const email = newEmailFromBody(request.caller.organizationId, request.body);
       // Contract 12; a no-op (no query) unless ALLOW_UNVERIFIED_DOMAINS=false.
       await assertSendingAllowed(request.em, app.services.config, email.organizationId, email.from);
-      const { ids } = await writer.write(email, idempotency(request, request.headers['idempotency-key'], 'POST /emails'));
+      const { ids, replayed } = await writer.write(email, idempotency(request, request.headers['idempotency-key'], 'POST /emails'));
+      if (!replayed) accepted.inc();
       return { id: ids[0]! };
     },
   );
@@ -119,12 +122,13 @@ export async function emailsRoutes(app: App): Promise<void> {
       for (const [index, body] of request.body.entries()) {
         await assertSendingAllowed(request.em, app.services.config, organizationId, body.from, `${index}.from`);
       }
-      const { ids } = await createEmails(
+      const { ids, replayed } = await createEmails(
         request.em,
         deps,
         request.body.map((body) => newEmailFromBody(organizationId, body)),
         { idempotency: idempotency(request, request.headers['idempotency-key'], 'POST /emails/batch') },
       );
+      if (!replayed) accepted.inc(ids.length);
       return { data: ids.map((id) => ({ id })) };
     },
   );

@@ -73,9 +73,9 @@ const GetShape = z.object({
   tags: z.array(TagRefSchema),
   fields: z.array(z.object({ name: z.string(), value: z.string() })),
   revenue: z.number().int().describe('Net revenue in integer cents'),
-});
+}).meta({ id: 'Subscriber' });
 
-const EventItem = z.object({ id: z.string(), eventType: z.string(), data: z.record(z.string(), z.unknown()), createdAt: Timestamp });
+const EventItem = z.object({ id: z.string(), eventType: z.string(), data: z.record(z.string(), z.unknown()), createdAt: Timestamp }).meta({ id: 'SubscriberEvent' });
 
 const SubscriberParams = z.object({ subscriber: z.string().min(1).describe('A subscriber id or an email address') });
 

@@ -4,7 +4,7 @@ import { createTag, getTag, listTags, renameTag } from '../../shared/subscribers
 import { list, listEnvelope } from '../schemas.js';
 import type { App } from '../types.js';
 
-const TagShape = z.object({ id: z.string(), name: z.string() });
+const TagShape = z.object({ id: z.string(), name: z.string() }).meta({ id: 'Tag' });
 const TagParams = z.object({ tag: z.string().min(1).describe('A tag id or its current name') });
 const TagBody = z.object({ name: TagName });
 

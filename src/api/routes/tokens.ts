@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { PermissionSchema, PresetSchema } from '../../shared/tokens/permissions.js';
 import { TokenListCache } from '../../shared/tokens/list-cache.js';
+import { revokeToken } from '../../shared/tokens/revoke.js';
 import { createToken } from '../../shared/tokens/service.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
@@ -24,7 +25,7 @@ const CreatedToken = z.object({
   permissions: z.array(z.string()),
   createdAt: Timestamp,
   reused: z.boolean(),
-});
+}).meta({ id: 'CreatedToken' });
 
 const TokenSummary = z.object({
   id: z.string(),
@@ -32,7 +33,7 @@ const TokenSummary = z.object({
   last4: z.string(),
   permissions: z.array(z.string()),
   createdAt: Timestamp,
-});
+}).meta({ id: 'Token' });
 
 export async function tokensRoutes(app: App): Promise<void> {
   // Listing is the hot path of token reads (bench:auth); creating is rare.
@@ -70,6 +71,26 @@ export async function tokensRoutes(app: App): Promise<void> {
         items.map((t) => ({ id: t.id, name: t.name, last4: t.last4, permissions: t.permissions, createdAt: iso(t.createdAt) })),
         hasMore,
       );
+    },
+  );
+
+  app.delete(
+    '/tokens/:id',
+    {
+      config: { permission: 'tokens' },
+      schema: {
+        tags: ['tokens'],
+        summary: 'Revoke an API token',
+        description: 'Deletes the token. Its secret is refused (401) by every API process within 2 seconds. A token may revoke itself.',
+        params: z.object({ id: z.string().min(1).max(100) }),
+        response: { 200: z.object({ object: z.literal('token'), id: z.string(), deleted: z.literal(true) }) },
+      },
+    },
+    async (request) => {
+      const revoked = await revokeToken(request.em, request.caller.organizationId, request.params.id);
+      // Drops this organization's entries from the list and authentication caches of every process.
+      await listCache.changed(revoked.organizationId);
+      return { object: 'token' as const, id: revoked.id, deleted: true as const };
     },
   );
 }

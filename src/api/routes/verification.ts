@@ -14,7 +14,7 @@ const IssueSchema = z.object({
   message: z.string(),
   severity: z.enum(['error', 'warning']),
   retryable: z.boolean(),
-});
+}).meta({ id: 'VerificationIssue' });
 
 const VerificationSchema = z.object({
   object: z.literal('email_verification'),
@@ -37,7 +37,7 @@ const VerificationSchema = z.object({
   quota: z.object({ limit: z.number().int(), used: z.number().int(), remaining: z.number().int(), resets_at: Timestamp }),
   retry_at: Timestamp.nullable(),
   cache_hit: z.boolean(),
-});
+}).meta({ id: 'Verification' });
 
 export async function verificationRoutes(app: App): Promise<void> {
   // Spec 4.3 and its v1-era twin (spec 9.4): same body, same answer.
@@ -51,11 +51,14 @@ export async function verificationRoutes(app: App): Promise<void> {
         config: { permission: 'emails' },
         schema: { tags: ['verification'], summary, body: VerifyBody, response: { 200: VerificationSchema } },
       },
-      async (request) =>
-        verifyEmail(verificationDeps(app.services), {
+      async (request) => {
+        const verification = await verifyEmail(verificationDeps(app.services), {
           organizationId: request.caller.organizationId,
           email: request.body.email,
-        }),
+        });
+        app.services.metrics.verificationChecks.inc({ result: verification.result });
+        return verification;
+      },
     );
   }
 }

@@ -97,7 +97,9 @@ function render(node: Node): string {
       return text(node);
     case 'variable': {
       const id = typeof a.id === 'string' && /^[A-Za-z0-9_.-]+$/.test(a.id) ? a.id : '';
-      return id ? `{{${id}}}` : '';
+      // Maily's variable carries its own fallback: the merge tag's `|fallback` (personalize.ts).
+      const fallback = typeof a.fallback === 'string' ? escapeHtml(a.fallback.replace(/[{}|%]/g, '').slice(0, 200)) : '';
+      return id ? `{{${id}${fallback ? `|${fallback}` : ''}}}` : '';
     }
     case 'paragraph':
       return `<p style="text-align: ${align(a.textAlign)};">${children(node) || '&nbsp;'}</p>`;

@@ -6,8 +6,13 @@ import { escapeHtml } from './html.js';
  * `{{unsubscribe_url}}`. Values are HTML-escaped in the HTML part, raw in the text part and
  * the subject (a header, never HTML; CR/LF removed). An unknown name renders empty. The
  * markdown renderer percent-encodes braces in link targets, so `%7B%7B...%7D%7D` counts too.
+ *
+ * A fallback follows a `|`: `Hello {{name|there}}` renders "Hello there" for a subscriber
+ * without a name (empty or unknown value). It is template text, up to 200 characters without
+ * `{`, `}`, `|` or `%`, trimmed. The pattern stays linear: the fallback's class excludes the
+ * closing brace and its length is bounded, so a failed match backtracks at most 200 steps.
  */
-const PLACEHOLDER = /(?:\{\{|%7B%7B)\s*([A-Za-z0-9_.-]+)\s*(?:\}\}|%7D%7D)/gi;
+const PLACEHOLDER = /(?:\{\{|%7B%7B)\s*([A-Za-z0-9_.-]+)\s*(?:\|([^{}|%]{0,200}))?(?:\}\}|%7D%7D)/gi;
 
 export const UNSUBSCRIBE_PURPOSE = 'unsubscribe';
 
@@ -40,12 +45,19 @@ export function variablesOf(recipient: Recipient, unsubscribe: string): (name: s
   };
 }
 
+// The fallback is template text: already HTML in the HTML part, as written in the others.
 export function fillHtml(template: string, lookup: (name: string) => string): string {
-  return template.replace(PLACEHOLDER, (_m, name: string) => escapeHtml(lookup(name)));
+  return template.replace(PLACEHOLDER, (_m, name: string, fallback: string | undefined) => {
+    const value = lookup(name);
+    return value === '' && fallback !== undefined ? fallback.trim() : escapeHtml(value);
+  });
 }
 
 export function fillText(template: string, lookup: (name: string) => string): string {
-  return template.replace(PLACEHOLDER, (_m, name: string) => lookup(name));
+  return template.replace(PLACEHOLDER, (_m, name: string, fallback: string | undefined) => {
+    const value = lookup(name);
+    return value === '' && fallback !== undefined ? fallback.trim() : value;
+  });
 }
 
 export function fillSubject(template: string, lookup: (name: string) => string): string {

@@ -84,7 +84,7 @@ export async function createCampaign(em: EntityManager, organizationId: string, 
     preview: input.preview ?? null,
     status: 'DRAFT',
     contentType,
-    mailFormat: input.mailFormat ?? null,
+    mailFormat: input.mailFormat ?? DEFAULT_MAIL_FORMAT,
     content,
     recipientFilters: input.recipientFilters ?? [],
     senderId: input.senderId ?? null,
@@ -121,6 +121,9 @@ export async function listCampaigns(
   const items = await Promise.all(rows.slice(0, limit).map((c) => viewOf(em, c)));
   return { items, hasMore: rows.length > limit };
 }
+
+/** Spec 2.5: `mailFormat` is a string; campaigns render to HTML (with a text part). */
+export const DEFAULT_MAIL_FORMAT = 'html';
 
 const PATCHABLE = ['subject', 'name', 'preview', 'content', 'contentType', 'mailFormat', 'senderId', 'replyTo', 'recipientFilters'] as const;
 

@@ -4,6 +4,7 @@ import type { Redis } from 'ioredis';
 import type { Config } from '../config.js';
 import { redisKey } from '../container.js';
 import type { Logger } from '../logger.js';
+import type { Metrics } from '../metrics.js';
 import type { DnsLookup, DnsResult, MxRecord } from './types.js';
 
 /**
@@ -43,6 +44,8 @@ export interface DnsOptions {
   tries?: number;
   cache?: Partial<DnsCachePolicy>;
   logger?: Logger;
+  /** Where cache hits and misses are counted (docs/operations.md). */
+  metrics?: Pick<Metrics, 'dnsCacheHits' | 'dnsCacheMisses'>;
 }
 
 /**
@@ -77,6 +80,7 @@ export class CachedDns implements DnsService {
   readonly fresh: DnsLookup;
   private readonly policy: DnsCachePolicy;
   private readonly logger?: Logger;
+  private readonly metrics?: Pick<Metrics, 'dnsCacheHits' | 'dnsCacheMisses'>;
   private readonly local = new Map<string, { entry: CachedEntry; until: number }>();
   /** Identical concurrent misses share one query. */
   private readonly inFlight = new Map<string, Promise<DnsResult<unknown>>>();
@@ -85,10 +89,11 @@ export class CachedDns implements DnsService {
     private readonly resolver: Resolver,
     private readonly redis: Redis,
     private readonly keyPrefix: string,
-    options: { cache?: Partial<DnsCachePolicy>; logger?: Logger } = {},
+    options: Pick<DnsOptions, 'cache' | 'logger' | 'metrics'> = {},
   ) {
     this.policy = { ...DEFAULT_CACHE_POLICY, ...options.cache };
     this.logger = options.logger;
+    this.metrics = options.metrics;
     this.fresh = {
       a: (name) => this.query('a', name, false),
       aaaa: (name) => this.query('aaaa', name, false),
@@ -118,11 +123,16 @@ export class CachedDns implements DnsService {
     const name = normalize(rawName);
     if (useCache) {
       const cached = await this.readCache<RecordOf<T>>(type, name);
-      if (cached) return cached;
+      if (cached) {
+        this.metrics?.dnsCacheHits.inc({ type });
+        return cached;
+      }
     }
     const flightKey = `${useCache ? 'c' : 'f'}:${type}:${name}`;
     let pending = this.inFlight.get(flightKey) as Promise<DnsResult<RecordOf<T>>> | undefined;
     if (!pending) {
+      // A lookup that joins an identical one in flight asks no server: not counted.
+      this.metrics?.dnsCacheMisses.inc({ type });
       pending = this.resolveAndStore(type, name).finally(() => this.inFlight.delete(flightKey));
       this.inFlight.set(flightKey, pending);
     }
@@ -260,5 +270,5 @@ export async function createDns(
   const resolver = new Resolver({ timeout: options.timeoutMs ?? 2_000, tries: options.tries ?? 2 });
   const servers = options.servers ?? config.dnsServers;
   if (servers && servers.length > 0) resolver.setServers(await Promise.all(servers.map(toResolverServer)));
-  return new CachedDns(resolver, redis, redisKey(config, 'dns'), { cache: options.cache, logger: options.logger });
+  return new CachedDns(resolver, redis, redisKey(config, 'dns'), { cache: options.cache, logger: options.logger, metrics: options.metrics });
 }

@@ -36,7 +36,10 @@ export const SendEmailBody = z
   .strictObject({
     from: mailbox.describe('Sender: addr or "Name <addr>"'),
     to: z
-      .union([mailbox, z.array(mailbox).length(1, 'exactly one recipient per email')])
+      .union([
+        mailbox,
+        z.array(mailbox).length(1, { error: (issue) => `must be a single address, got ${Array.isArray(issue.input) ? issue.input.length : 'none'} (send one email per recipient, or use cc/bcc)` }),
+      ])
       .transform((value) => (Array.isArray(value) ? value[0]! : value))
       .describe('One recipient, as a string or a one-element array'),
     subject: z

@@ -58,6 +58,24 @@ export interface ConfirmEvidence {
   now: Date;
 }
 
+/** The subscriber a confirmation token names, read only (the GET page); null when forged or gone. */
+export async function findConfirmation(
+  em: EntityManager,
+  signer: LinkSigner,
+  token: string,
+): Promise<{ email: string; status: string; organizationName: string } | null> {
+  const value = signer.verify(CONFIRM_PURPOSE, token);
+  const [id, email] = value?.split(' ') ?? [];
+  if (!id || !email) return null;
+  const found = await em.execute<Array<{ email: string; status: string; organization_name: string }>>(
+    `select s.email, s.status, o.name as organization_name from subscribers s join organizations o on o.id = s.organization_id
+      where s.id = ? and s.email = ?`,
+    [id, email],
+  );
+  const row = found[0];
+  return row ? { email: row.email, status: row.status, organizationName: row.organization_name } : null;
+}
+
 /**
  * Confirms the subscriber of a token and stores the evidence. Null when the token is
  * forged, altered, or names no subscriber with that address any more.

@@ -1,6 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Redis } from 'ioredis';
-import { redisKey, type Services } from '../container.js';
+import type { Services } from '../container.js';
+import { tokenChangesChannel } from './revoke.js';
 import { listTokens } from './service.js';
 
 /** What a token listing shows (spec 2.2): never the secret or its hash. */
@@ -27,8 +28,8 @@ interface Entry {
 /**
  * An organization's token list, kept in process between writes.
  *
- * Tokens are only ever added (spec 4.1 and 4.2 define no update or revoke), by the create
- * route. A create drops the entry of its own process and publishes the organization id on
+ * Tokens are added by the create route and deleted by the revoke route or the operator CLI
+ * (contract 16). A change drops the entry of its own process and publishes the organization id on
  * a Redis channel that every API process subscribes to, so another process drops its
  * entry within the time a Redis message takes. The cache is only used while this
  * process's subscription is up: with the subscriber disconnected a message could be
@@ -45,7 +46,7 @@ export class TokenListCache {
   private subscribed = false;
 
   constructor(private readonly services: Services) {
-    this.channel = redisKey(services.config, 'tokens-changed');
+    this.channel = tokenChangesChannel(services.config);
   }
 
   /** Subscribes to change announcements; the cache stays unused until that succeeds. */

@@ -1,7 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { randomHex, sha256Hex, type SecretBox } from '../crypto.js';
 import { ApiToken } from '../db/entities/index.js';
-import { NotFoundError, PermissionError, ValidationError } from '../errors.js';
+import { PermissionError, ValidationError } from '../errors.js';
 import { newId } from '../ids.js';
 import { holdsAll, normalizePermissions, PRESETS, type Permission, type Preset } from './permissions.js';
 
@@ -131,14 +131,4 @@ export async function listTokens(
 export async function findTokenBySecret(em: EntityManager, secret: string): Promise<ApiToken | null> {
   if (!looksLikeSecret(secret)) return null;
   return em.findOne(ApiToken, { tokenHash: sha256Hex(secret) });
-}
-
-/**
- * Contract 16: deletes the organization's token; another organization's or an unknown id
- * is 404. Callers drop their cached copies of the token after this returns.
- */
-export async function revokeToken(em: EntityManager, organizationId: string, id: string): Promise<{ id: string }> {
-  const rows = await em.execute<{ id: string }[]>('delete from api_tokens where id = ? and organization_id = ? returning id', [id, organizationId], 'all');
-  if (rows.length === 0) throw new NotFoundError(`No token ${id}`);
-  return { id };
 }

@@ -1,0 +1,90 @@
+import { z } from 'zod';
+
+/**
+ * How request bodies are validated, beyond each route's schema (docs/foundation.md,
+ * "Validation"):
+ *
+ * - Unknown body fields are refused on every route: 422 `validation_error` naming the field
+ *   ("colour: is not a field of this request"), so a misspelt optional field never passes
+ *   silently. The one exception is the spec's: `PATCH /campaigns/{id}` ignores them and
+ *   lists them in `warnings` (its schema is a loose object, left as it is).
+ * - Messages are written for a person: "must be a string, got a number", "is required".
+ */
+export function strictBody(schema: unknown): unknown {
+  if (schema instanceof z.ZodObject && schema.def.catchall === undefined) return schema.strict();
+  if ((schema instanceof z.ZodOptional || schema instanceof z.ZodNullable) && schema.def.innerType instanceof z.ZodObject) {
+    const inner = strictBody(schema.def.innerType) as z.ZodObject;
+    return schema instanceof z.ZodOptional ? inner.optional() : inner.nullable();
+  }
+  return schema;
+}
+
+function kind(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return `a list of ${value.length}`;
+  if (typeof value === 'object') return 'an object';
+  if (typeof value === 'string') return 'a string';
+  if (typeof value === 'number') return Number.isInteger(value) ? 'a whole number' : 'a number';
+  if (typeof value === 'boolean') return value ? 'true' : 'false';
+  return typeof value;
+}
+
+const EXPECTED: Record<string, string> = {
+  string: 'a string',
+  number: 'a number',
+  int: 'a whole number',
+  boolean: 'true or false',
+  array: 'a list',
+  object: 'an object',
+  date: 'a date',
+  null: 'null',
+};
+
+type Issue = {
+  code: string;
+  expected?: string;
+  input?: unknown;
+  keys?: string[];
+  errors?: Issue[][];
+  message?: string;
+  path?: PropertyKey[];
+};
+
+/** The message of a zod issue the route's schema left without one of its own. */
+export function humanMessage(issue: Issue): string | undefined {
+  switch (issue.code) {
+    case 'invalid_type':
+      if (issue.input === undefined) return 'is required';
+      return `must be ${EXPECTED[issue.expected ?? ''] ?? issue.expected}, got ${kind(issue.input)}`;
+    case 'unrecognized_keys': {
+      const keys = issue.keys ?? [];
+      return keys.length === 1
+        ? `"${keys[0]}" is not a field of this request (check its spelling)`
+        : `${keys.map((k) => `"${k}"`).join(', ')} are not fields of this request (check their spelling)`;
+    }
+    case 'invalid_union': {
+      if (issue.input === undefined) return 'is required';
+      // The branch of the input's own kind says what is wrong with it: a list of two
+      // addresses where one is allowed fails the list branch's length rule, and that rule's
+      // message is the useful one, not "Invalid input".
+      const branches = issue.errors ?? [];
+      const relevant = branches.find((b) => b.length > 0 && !b.every((i) => i.code === 'invalid_type' && (i.path ?? []).length === 0));
+      const first = relevant?.[0];
+      if (first?.message) return first.message;
+      const expected = branches.map((b) => b[0]).filter((i) => i?.code === 'invalid_type').map((i) => EXPECTED[i!.expected ?? ''] ?? i!.expected);
+      if (expected.length > 0) return `must be ${[...new Set(expected)].join(' or ')}, got ${kind(issue.input)}`;
+      return undefined;
+    }
+    default:
+      return undefined;
+  }
+}
+
+let installed = false;
+
+/** Installs the messages in zod's configuration (once per process; idempotent). */
+export function installValidationMessages(): void {
+  if (installed) return;
+  installed = true;
+  z.config({ customError: (issue) => humanMessage(issue as unknown as Issue) });
+}

@@ -1,0 +1,46 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { Redis } from 'ioredis';
+import { redisKey } from '../container.js';
+import type { Config } from '../config.js';
+import { NotFoundError } from '../errors.js';
+
+/**
+ * The Redis channel on which a change to an organization's tokens (one minted, one
+ * revoked) is announced with the organization id. Every API process listens: the token
+ * list cache and the authentication cache drop that organization's entries.
+ */
+export function tokenChangesChannel(config: Pick<Config, 'redisPrefix'>): string {
+  return redisKey(config, 'tokens-changed');
+}
+
+/** Announces that an organization's tokens changed; resolves even when Redis is down. */
+export async function announceTokenChange(
+  redis: Redis,
+  config: Pick<Config, 'redisPrefix'>,
+  organizationId: string,
+): Promise<boolean> {
+  try {
+    await redis.publish(tokenChangesChannel(config), organizationId);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Deletes a token (contract 16). `organizationId` scopes the lookup for API callers: another
+ * organization's token is as unknown as a made-up id (404). The operator CLI passes null.
+ * The row is deleted, not flagged: nothing refers to a token, and a deleted secret's hash
+ * can never match again.
+ */
+export async function revokeToken(em: EntityManager, organizationId: string | null, tokenId: string): Promise<{ id: string; organizationId: string }> {
+  const rows = await em.execute<Array<{ id: string; organization_id: string }>>(
+    organizationId === null
+      ? 'delete from api_tokens where id = ? returning id, organization_id'
+      : 'delete from api_tokens where id = ? and organization_id = ? returning id, organization_id',
+    organizationId === null ? [tokenId] : [tokenId, organizationId],
+  );
+  const row = rows[0];
+  if (!row) throw new NotFoundError(`No token ${tokenId}`);
+  return { id: row.id, organizationId: row.organization_id };
+}

@@ -1,0 +1,66 @@
+import { execFileSync, spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestEnv, type TestEnv } from './helpers/context.js';
+import { ROOT } from './helpers/process.js';
+
+let env: TestEnv;
+
+beforeAll(async () => {
+  env = await createTestEnv();
+});
+afterAll(async () => env?.dispose());
+
+/** The command lines of a process and all its descendants (from /proc). */
+function tree(pid: number): string[] {
+  const children = (readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean)).map(Number);
+  const self = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean).join(' ');
+  return [self, ...children.flatMap((child) => tree(child))];
+}
+
+describe('npm start runs the compiled build (contract 21)', () => {
+  it('`ps` of `npm start` shows node dist/main.js and no tsx', { timeout: 90_000 }, async () => {
+    // Build is fresh: the test run's global setup ran scripts/ensure-build.mjs.
+    const child = spawn('npm', ['start'], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...env.env, PORT: '0', LOG_LEVEL: 'info' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+      detached: true,
+    });
+    let output = '';
+    child.stdout.on('data', (c: Buffer) => (output += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (output += c.toString()));
+    try {
+      const started = Date.now();
+      while (!/mailroom is running on http:\/\/127\.0\.0\.1:\d+/.test(output)) {
+        if (Date.now() - started > 80_000) throw new Error(`did not start:\n${output}`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      const commands = tree(child.pid!);
+      expect(commands.some((c) => /node(\S*)? dist\/main\.js$/.test(c)), commands.join('\n')).toBe(true);
+      expect(commands.filter((c) => c.includes('tsx'))).toEqual([]);
+      const base = /mailroom is running on (http:\/\/127\.0\.0\.1:\d+)/.exec(output)![1];
+      expect((await fetch(`${base}/healthz`)).status).toBe(200);
+    } finally {
+      try {
+        process.kill(-child.pid!, 'SIGTERM');
+      } catch {
+        // already gone
+      }
+      await new Promise((resolve) => child.once('exit', resolve));
+    }
+  });
+
+  it('compiles every file of src/ (a new process role is picked up without a change to the build)', () => {
+    const listed = execFileSync(process.execPath, [`${ROOT}node_modules/typescript/bin/tsc`, '-p', `${ROOT}tsconfig.build.json`, '--listFilesOnly'], { encoding: 'utf8' });
+    const sources = listed.split('\n').filter((f) => f.startsWith(`${ROOT}src/`));
+    expect(sources).toContain(`${ROOT}src/main.ts`);
+    expect(sources).toContain(`${ROOT}src/cli/main.ts`);
+    expect(sources.length).toBeGreaterThan(100);
+    expect(JSON.parse(readFileSync(`${ROOT}package.json`, 'utf8')).scripts).toMatchObject({
+      start: 'node dist/main.js',
+      'start:api': 'node dist/api/server.js',
+      'start:worker': 'node dist/workers/main.js',
+    });
+  });
+});

@@ -1,0 +1,64 @@
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { runCli } from './helpers/process.js';
+
+let ctx: TestContext;
+let organizationId: string;
+let dir: string;
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+  ({ organizationId } = await createOrg(ctx.services));
+  dir = await mkdtemp(join(tmpdir(), 'mailroom-import-errors-'));
+});
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+  await ctx?.close();
+});
+
+async function importFile(name: string, content: string, org = organizationId) {
+  const file = join(dir, name);
+  await writeFile(file, content);
+  return runCli(['subscribers', 'import', file, '--org', org, '--json'], ctx.env.env);
+}
+
+// The tests run at once (each starts the CLI): each counts its own organization.
+const count = async (org: string) => Number((await ctx.services.orm.em.fork().execute<Array<{ n: string }>>('select count(*) as n from subscribers where organization_id = ?', [org]))[0]!.n);
+
+describe.concurrent('subscribers import: what a person sees when a file is not right', () => {
+  it('names the line of each problem, counting blank lines and multi-line cells, and warns about extra cells', async () => {
+    const csv = [
+      'email,name', // 1
+      'one@example.com,One', // 2
+      '', // 3
+      'two@example.com,"Two', // 4
+      'lines"', // 5
+      'not-an-address,Bad', // 6
+      'three@example.com,Three,surplus,more', // 7
+      'four@example.com', // 8
+    ].join('\n');
+    const result = await importFile('lines.csv', `${csv}\n`);
+    expect(result.code).toBe(0);
+    const summary = JSON.parse(result.stdout);
+    expect(summary).toMatchObject({ rows: 5, created: 4, skipped: 1, warnings: 1 });
+    const lines = result.stderr.split('\n').filter((l) => l.startsWith('line '));
+    expect(lines).toEqual([
+      'line 6: invalid email address "not-an-address"',
+      'line 7: 4 fields but the header names 2: the last 2 ignored',
+    ]);
+  });
+
+  it('refuses a broken file with one line, no stack trace, and imports nothing', async () => {
+    const other = (await createOrg(ctx.services, { name: 'Broken' })).organizationId;
+    const result = await importFile('broken.csv', 'email,name\nfive@example.com,Five\n"six@example.com,Six\nseven@example.com,Seven\n', other);
+    expect(result.code).toBe(1);
+    const stderr = result.stderr.trim().split('\n').filter((l) => !l.startsWith('importing'));
+    expect(stderr).toHaveLength(1);
+    expect(stderr[0]).toMatch(/^mailroom: .*broken\.csv is not a valid CSV file: Quote Not Closed.*line \d+; nothing was imported$/);
+    expect(result.stderr).not.toMatch(/\n\s+at /);
+    expect(await count(other)).toBe(0);
+  });
+});

@@ -1,0 +1,67 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+let ctx: TestContext;
+let token: string;
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+  ({ token } = await createOrg(ctx.services));
+});
+afterAll(async () => ctx?.close());
+
+const post = (url: string, payload: unknown) => ctx.app.inject({ method: 'POST', url: `/api/v2${url}`, headers: bearer(token), payload: payload as object });
+const count = async (table: string) => Number((await ctx.services.orm.em.fork().execute<Array<{ n: string }>>(`select count(*) as n from ${table}`))[0]!.n);
+
+describe('validation messages a person understands', () => {
+  it('names the field and says what was wrong with it', async () => {
+    const two = await post('/emails', { from: 'a@acme.test', to: ['x@example.com', 'y@example.com'], subject: 'Hi', html: '<p>x</p>' });
+    expect(two.statusCode).toBe(422);
+    expect(two.json().message).toMatch(/^to: must be a single address, got 2/);
+
+    const missing = await post('/emails', { to: 'x@example.com', html: '<p>x</p>' });
+    expect(missing.json().details).toEqual(expect.arrayContaining([{ path: 'from', message: 'is required' }, { path: 'subject', message: 'is required' }]));
+
+    const wrongType = await post('/tags', { name: 42 });
+    expect(wrongType.statusCode).toBe(422);
+    expect(wrongType.json().message).toBe('name: must be a string, got a whole number');
+    for (const res of [two, missing, wrongType]) expect(res.json().message).not.toMatch(/Invalid input/);
+  });
+});
+
+describe('unknown body fields: refused on every route, the same way', () => {
+  const cases: Array<[string, string, unknown]> = [
+    ['POST', '/emails', { from: 'a@acme.test', to: 'x@example.com', subject: 'Hi', html: '<p>x</p>', colour: 'red' }],
+    ['POST', '/tokens', { name: 'ci', colour: 'red' }],
+    ['POST', '/tags', { name: 'vip', colour: 'red' }],
+    ['POST', '/subscribers', { email: 'new@example.com', colour: 'red' }],
+    ['POST', '/domains', { domain: 'acme-unknown.test', colour: 'red' }],
+    ['POST', '/verify', { email: 'x@example.com', colour: 'red' }],
+    ['POST', '/campaigns', { name: 'Launch', colour: 'red' }],
+  ];
+  it.each(cases)('%s %s with an unknown field is 422 naming it, and creates nothing', async (method, url, payload) => {
+    const before = await Promise.all(['emails', 'api_tokens', 'tags', 'subscribers', 'domains', 'campaigns'].map(count));
+    const res = await ctx.app.inject({ method: method as 'POST', url: `/api/v2${url}`, headers: bearer(token), payload: payload as object });
+    expect(res.statusCode).toBe(422);
+    expect(res.json()).toMatchObject({ name: 'validation_error', statusCode: 422 });
+    expect(res.json().message).toContain('"colour" is not a field of this request');
+    expect(await Promise.all(['emails', 'api_tokens', 'tags', 'subscribers', 'domains', 'campaigns'].map(count))).toEqual(before);
+  });
+
+  it('PATCH /campaigns/{id} is the spec\'s exception: it ignores them and says so in warnings', async () => {
+    const created = (await post('/campaigns', { name: 'Draft' })).json();
+    const res = await ctx.app.inject({ method: 'PATCH', url: `/api/v2/campaigns/${created.id}`, headers: bearer(token), payload: { subject: 'New', colour: 'red' } });
+    expect(res.statusCode).toBe(200);
+    expect(res.json().warnings).toEqual(['colour was ignored: not a field of a campaign']);
+    expect(res.json().updatedFields).toEqual(['subject']);
+  });
+
+  it('mailFormat is always a string (spec 2.5)', async () => {
+    const created = (await post('/campaigns', { name: 'Formats' })).json();
+    expect(created.mailFormat).toBe('html');
+    const patched = await ctx.app.inject({ method: 'PATCH', url: `/api/v2/campaigns/${created.id}`, headers: bearer(token), payload: { mailFormat: null } });
+    expect(patched.statusCode).toBe(200);
+    const got = (await ctx.app.inject({ url: `/api/v2/campaigns/${created.id}`, headers: bearer(token) })).json();
+    expect(got.mailFormat).toBe('html');
+  });
+});
