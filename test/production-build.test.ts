@@ -1,5 +1,7 @@
 import { execFileSync, spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestEnv, type TestEnv } from './helpers/context.js';
 import { ROOT } from './helpers/process.js';
@@ -61,6 +63,22 @@ describe('npm start runs the compiled build (contract 21)', () => {
       start: 'node dist/main.js',
       'start:api': 'node dist/api/server.js',
       'start:worker': 'node dist/workers/main.js',
+      'start:inbound': 'node dist/inbound/main.js',
+      'start:smtp': 'node dist/smtp/main.js',
     });
+  });
+
+  it('renders in the compiled render threads with node alone (no TypeScript loader)', { timeout: 60_000 }, () => {
+    // The API renders campaign test sends in worker threads; their entry must be compiled too.
+    const script = `
+      const { RenderPool } = await import(${JSON.stringify(`${ROOT}dist/shared/emails/render-pool.js`)});
+      const pool = new RenderPool({ threads: 1, timeoutMs: 20000 });
+      const out = await pool.email({ contentKind: 'markdown', content: '# Hello from a thread', subject: 'S', preview: null, text: null });
+      await pool.close();
+      process.stdout.write(out.html.includes('Hello from a thread') ? 'rendered' : 'wrong');`;
+    const file = join(mkdtempSync(join(tmpdir(), 'mailroom-render-')), 'render.mjs');
+    writeFileSync(file, script);
+    const output = execFileSync(process.execPath, [file], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' } });
+    expect(output).toBe('rendered');
   });
 });

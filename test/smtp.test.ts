@@ -64,7 +64,7 @@ afterAll(async () => {
   await dns?.close();
 });
 
-function api(method: 'GET' | 'POST', url: string, body?: unknown, as = token) {
+function api(method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown, as = token) {
   return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(as), ...(body === undefined ? {} : { payload: body as object }) });
 }
 
@@ -478,5 +478,28 @@ describe('reading a message (contract 19 mapping)', () => {
       ['Cc', '"Quote \\"me\\"" <q@x.test>'],
       ['Sender', 'Sönder <s@acme.test>'],
     ]);
+  });
+});
+
+describe('a revoked token (contract 16)', () => {
+  it('is refused on SMTP within 2 seconds of DELETE /api/v2/tokens/{id}', async () => {
+    const created = (await api('POST', '/tokens', { name: 'smtp app', permissions: ['emails'] })).json();
+    const first = await openDialog(listener.port);
+    await first.send('EHLO client.test');
+    expect(await first.auth(created.token)).toMatch(/^235 /);
+    first.close();
+    const deleted = await ctx.app.inject({ method: 'DELETE', url: `/api/v2/tokens/${created.id}`, headers: bearer(token) });
+    expect(deleted.statusCode).toBe(200);
+    const started = Date.now();
+    let reply = '';
+    while (Date.now() - started < 2_000) {
+      const dialog = await openDialog(listener.port);
+      await dialog.send('EHLO client.test');
+      reply = await dialog.auth(created.token);
+      dialog.close();
+      if (reply.startsWith('535')) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(reply).toMatch(/^535 5\.7\.8 /);
   });
 });

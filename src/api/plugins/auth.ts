@@ -71,6 +71,11 @@ export class TokenCache {
     this.clear();
   }
 
+  /** True while the subscription is up, the only time the cache is used. */
+  get active(): boolean {
+    return this.subscribed;
+  }
+
   /** The generation to hand back to set(): a change announced in between voids the store. */
   get current(): number {
     return this.generation;

@@ -14,7 +14,9 @@ export interface RenderPoolOptions {
 }
 
 const IDLE_MS = 60_000;
-const WORKER_URL = new URL('./render-worker.mjs', import.meta.url);
+// Compiled (dist/*.js): the thread's compiled body. From the sources (tsx): a small .mjs
+// entry that registers tsx in the thread first.
+const WORKER_URL = import.meta.url.endsWith('.js') ? new URL('./render-thread.js', import.meta.url) : new URL('./render-worker.mjs', import.meta.url);
 
 interface Job {
   task: RenderTask;

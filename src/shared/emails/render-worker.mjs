@@ -1,13 +1,8 @@
-// Entry of a render thread (render-pool.ts). Plain JavaScript: a worker thread starts
-// without the parent's TypeScript loader in every runner (tests, tools), so it registers
-// tsx itself before importing the TypeScript task.
-import { parentPort } from 'node:worker_threads';
+// Entry of a render thread when the service runs from its TypeScript sources (tests, tsx):
+// a worker thread starts without the parent's TypeScript loader, so it registers tsx itself
+// before importing the thread's body. The compiled build starts dist/.../render-thread.js
+// directly (render-pool.ts picks which).
 import { register } from 'tsx/esm/api';
 
 register();
-const { runRenderTask } = await import('./render-task.ts');
-
-parentPort.on('message', ({ id, task }) => {
-  parentPort.postMessage({ id, answer: runRenderTask(task) });
-});
-parentPort.postMessage({ ready: true });
+await import('./render-thread.ts');
