@@ -1,4 +1,6 @@
-# One image for every role of mailroom (api, worker, migrate): the command picks the role.
+# One image for every role of mailroom (api, worker, inbound, smtp, migrate): the command
+# picks the role (node dist/api/server.js, dist/workers/main.js, dist/inbound/main.js,
+# dist/smtp/main.js, dist/cli/main.js migrate).
 # Multi-stage: TypeScript is compiled in the build stage; the final image holds the compiled
 # JavaScript (dist/) and the production dependencies only, no TypeScript tooling.
 # Node.js 24 is the Active LTS line (supported until April 2028).
@@ -30,6 +32,6 @@ COPY package.json package-lock.json ./
 COPY scripts ./scripts
 RUN mkdir -p data && chown node:node data
 USER node
-EXPOSE 3000
+EXPOSE 3000 2525 2587
 # node itself (not npm) is the process: it receives SIGTERM and shuts down gracefully.
 CMD ["node", "dist/api/server.js"]
