@@ -3,10 +3,14 @@ import { createServer, type Server } from 'node:http';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { insertEmails } from '../src/shared/emails/service.js';
 import { createUser } from '../src/shared/users/service.js';
+import { deliverEndpoint, WebhookClient } from '../src/shared/webhooks/dispatcher.js';
+import { createWebhook } from '../src/shared/webhooks/service.js';
 import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startWebhookReceiver } from './helpers/webhook-receiver.js';
 
 // Debian's chromium (`apt-get install chromium`; .ci/run installs it when it is missing).
 const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
@@ -252,6 +256,91 @@ describe('dashboard in Chromium', () => {
     expect(((await refused.json()) as { name: string }).name).toBe('missing_api_key');
     // The organization's first token still works.
     expect((await api(orgA.token)).status).toBe(200);
+  });
+
+  it('adds a webhook endpoint with its secret shown once, sends it a test event, lists and retries the delivery; refuses a bad or private URL', async () => {
+    const receiver = await startWebhookReceiver();
+    const client = new WebhookClient({ dns: ctx.services.dns.fresh, allowPrivateUrls: true });
+    const endpoints = async () => rows('select id, url, events from webhook_endpoints where organization_id = ?', [orgA.organizationId]);
+    try {
+      // A URL that is not http(s): the API's message on the page, the form as it was, nothing created.
+      await page.goto(`${base}/app/webhooks`);
+      await page.fill('#webhook-url', 'ftp://hooks.example.com/in');
+      await page.check('#event-email-delivered');
+      const [refused] = await Promise.all([page.waitForResponse((r) => r.request().method() === 'POST'), page.click('form[action="/app/webhooks"] button[type=submit]')]);
+      expect(refused.status()).toBe(422);
+      await page.waitForLoadState('load');
+      expect(await page.locator('[role=alert]').textContent()).toContain('url: must be an http or https URL');
+      expect(await page.inputValue('#webhook-url')).toBe('ftp://hooks.example.com/in');
+      expect(await page.isChecked('#event-email-delivered')).toBe(true);
+      expect(await endpoints()).toEqual([]);
+
+      // A loopback address while private addresses are refused (as in production): the service's reason.
+      ctx.services.config.webhookAllowPrivateUrls = false;
+      try {
+        await page.fill('#webhook-url', `${receiver.url}/ok`);
+        const [private_] = await Promise.all([page.waitForResponse((r) => r.request().method() === 'POST'), page.click('form[action="/app/webhooks"] button[type=submit]')]);
+        expect(private_.status()).toBe(422);
+        await page.waitForLoadState('load');
+        expect(await page.locator('[role=alert]').textContent()).toContain('The URL is refused');
+        expect(await endpoints()).toEqual([]);
+      } finally {
+        ctx.services.config.webhookAllowPrivateUrls = true;
+      }
+
+      // An endpoint on a local receiver (private addresses are allowed outside production).
+      await page.fill('#webhook-url', `${receiver.url}/ok`);
+      await page.check('#event-email-bounced');
+      await page.fill('#webhook-description', 'CRM sync');
+      await Promise.all([page.waitForLoadState('load'), page.click('form[action="/app/webhooks"] button[type=submit]')]);
+      const secret = (await page.locator('#new-webhook-secret').textContent())!.trim();
+      expect(secret).toMatch(/^whsec_/);
+      const [stored] = await endpoints();
+      expect(stored).toMatchObject({ url: `${receiver.url}/ok`, events: ['email.delivered', 'email.bounced'] });
+      const id = stored!.id as string;
+      await check('webhook-created', false);
+      await page.goto(`${base}/app/webhooks`);
+      expect(await page.locator('main').textContent()).not.toContain(secret);
+      expect(await page.locator('tbody').textContent()).toContain('email.delivered, email.bounced');
+      await check('webhooks');
+
+      // A test event: listed at once as pending; the workers' run for this endpoint (here, in
+      // the test) posts it to the receiver signed with the secret shown above.
+      await Promise.all([page.waitForURL(/notice=webhook_test/), page.click(`button[aria-label="Send test event to ${receiver.url}/ok"]`)]);
+      expect(new URL(page.url()).pathname).toBe(`/app/webhooks/${id}`);
+      expect(await page.locator('tbody tr').count()).toBe(1);
+      expect(await page.locator('tbody').textContent()).toMatch(/webhook\.test\s*pending/);
+      await deliverEndpoint({ em: ctx.services.orm.em.fork(), box: ctx.services.box, client, clock: ctx.services.clock }, id);
+      expect(receiver.at('/ok')).toHaveLength(1);
+      const event = new Webhook(secret).verify(receiver.at('/ok')[0]!.body, receiver.at('/ok')[0]!.headers as Record<string, string>) as { type: string };
+      expect(event.type).toBe('webhook.test');
+      await page.reload();
+      const delivery = page.locator('tbody tr').first();
+      expect((await delivery.locator('td').allTextContents()).slice(0, 4).map((t) => t.trim())).toEqual(['webhook.test', 'succeeded', '1', '200']);
+      await check('webhook');
+
+      // Retry: the same service as POST /api/v2/webhooks/{id}/deliveries/{msgId}/retry.
+      await Promise.all([page.waitForURL(/notice=webhook_retry/), delivery.locator('button', { hasText: 'Retry' }).click()]);
+      expect(await page.locator('tbody tr').first().locator('td').nth(1).textContent()).toBe('pending');
+      const [message] = await rows('select status, attempts from webhook_messages where endpoint_id = ?', [id]);
+      expect(message).toEqual({ status: 'pending', attempts: 1 });
+
+      // Another organization's endpoint is a 404.
+      const other = await createWebhook(
+        { em: ctx.services.orm.em.fork(), box: ctx.services.box, dns: ctx.services.dns.fresh, allowPrivateUrls: true },
+        orgB.organizationId,
+        { url: 'https://umbrella.example.com/hooks', events: ['*'] },
+      );
+      expect((await page.goto(`${base}/app/webhooks/${other.id}`))!.status()).toBe(404);
+      await page.goto(`${base}/app/webhooks`);
+      expect(await page.locator('main').textContent()).not.toContain('umbrella.example.com');
+
+      await Promise.all([page.waitForURL(/notice=webhook_deleted/), page.click(`button[aria-label="Delete the endpoint ${receiver.url}/ok"]`)]);
+      expect(await endpoints()).toEqual([]);
+    } finally {
+      await client.close();
+      await receiver.close();
+    }
   });
 
   it('checks one address and shows the quota as a meter; shows the settings', async () => {

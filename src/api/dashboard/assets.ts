@@ -26,7 +26,7 @@ form.inline, .filters { display: flex; flex-wrap: wrap; gap: 8px; align-items: f
 label { display: block; font-weight: 600; font-size: 14px; }
 .field { display: flex; flex-direction: column; gap: 2px; margin-bottom: 12px; min-width: 0; max-width: 100%; }
 .field.check { flex-direction: row; align-items: center; gap: 8px; }
-input[type=text], input[type=email], input[type=search], input[type=password], input[type=datetime-local], select, textarea {
+input[type=text], input[type=url], input[type=email], input[type=search], input[type=password], input[type=datetime-local], select, textarea {
   font: inherit; padding: 6px 8px; border: 1px solid #767676; border-radius: 4px; max-width: 100%; background: #fff; color: var(--fg); }
 textarea { width: 100%; min-height: 16rem; font-family: ui-monospace, monospace; font-size: 14px; }
 button, .button { font: inherit; padding: 6px 14px; border-radius: 4px; border: 1px solid var(--accent); background: var(--accent); color: #fff; cursor: pointer; text-decoration: none; display: inline-block; }
@@ -38,8 +38,10 @@ table { border-collapse: collapse; width: 100%; font-size: 15px; }
 th, td { text-align: left; padding: 6px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
 td.value { font-family: ui-monospace, monospace; font-size: 13px; overflow-wrap: anywhere; max-width: 40rem; }
 .badge { display: inline-block; padding: 0 8px; border-radius: 10px; background: var(--soft); border: 1px solid var(--line); font-size: 13px; }
-.badge.VERIFIED, .badge.delivered, .badge.SENT, .badge.SUBSCRIBED, .badge.opened, .badge.clicked { color: var(--ok); border-color: #86efac; }
+.badge.VERIFIED, .badge.succeeded, .badge.enabled, .badge.delivered, .badge.SENT, .badge.SUBSCRIBED, .badge.opened, .badge.clicked { color: var(--ok); border-color: #86efac; }
 .badge.FAILED, .badge.bounced, .badge.failed, .badge.complained, .badge.BOUNCED, .badge.COMPLAINED { color: var(--bad); border-color: #fca5a5; }
+fieldset.events { display: grid; grid-template-columns: repeat(auto-fill, minmax(14rem, 1fr)); gap: 0 16px; margin: 0 0 12px; border: 1px solid var(--line); min-width: 0; }
+fieldset.events .field { margin-bottom: 6px; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; }
 dl.facts dt { font-weight: 600; }
 dl.facts dd { margin: 0; overflow-wrap: anywhere; }

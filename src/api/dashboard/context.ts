@@ -76,6 +76,9 @@ export const NOTICES: Record<string, string> = {
   tag_added: 'Tag added.',
   tag_removed: 'Tag removed.',
   sender_added: 'Sender added.',
+  webhook_deleted: 'The endpoint is deleted, with its deliveries.',
+  webhook_test: 'A test event is queued for the endpoint: it appears below, and is sent within seconds.',
+  webhook_retry: 'The delivery is due again now: it is sent within seconds.',
   signed_out: 'You are signed out.',
   expired: 'Your session has expired: sign in again.',
 };

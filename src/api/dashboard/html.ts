@@ -40,7 +40,6 @@ export interface NavItem {
   key: string;
 }
 
-// The webhooks page joins this list once webhooks to customers' endpoints exist.
 export const NAV: NavItem[] = [
   { key: 'emails', href: '/app/emails', label: 'Emails' },
   { key: 'campaigns', href: '/app/campaigns', label: 'Campaigns' },
@@ -48,6 +47,7 @@ export const NAV: NavItem[] = [
   { key: 'domains', href: '/app/domains', label: 'Domains' },
   { key: 'verification', href: '/app/verification', label: 'Verification' },
   { key: 'tokens', href: '/app/tokens', label: 'API tokens' },
+  { key: 'webhooks', href: '/app/webhooks', label: 'Webhooks' },
   { key: 'settings', href: '/app/settings', label: 'Settings' },
 ];
 

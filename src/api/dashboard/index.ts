@@ -21,6 +21,7 @@ import { sameToken, SESSION_COOKIE, SESSION_IDLE_SECONDS, SessionStore } from '.
 import { settingsPages } from './settings.js';
 import { tokenPages } from './tokens.js';
 import { verificationPages } from './verification.js';
+import { webhookPages } from './webhooks.js';
 
 const require = createRequire(import.meta.url);
 // htmx from node_modules, served by mailroom (no CDN, no build step).
@@ -193,7 +194,7 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
     return reply.redirect('/app/login?notice=signed_out', 303);
   });
 
-  for (const pages of [emailPages, campaignPages, audiencePages, domainPages, verificationPages, tokenPages, settingsPages]) {
+  for (const pages of [emailPages, campaignPages, audiencePages, domainPages, verificationPages, tokenPages, webhookPages, settingsPages]) {
     await pages(app, ctx);
   }
 }
