@@ -27,10 +27,14 @@ async function record(em: EntityManager, email: string, column: HistoryOutcome |
   const { email: key, domain } = normalize(email);
   const set = column === 'suppressed' ? '?' : `greatest(verification_history.${column}, ?::timestamptz)`;
   const bound = column === 'suppressed' ? (value ?? true) : at;
-  await em.getConnection().execute(
+  // Through the EntityManager, so that inside a transaction (the delivery-feedback recorder)
+  // the write joins it: the connection's own execute takes a second pooled connection, which
+  // under concurrent events left every pooled connection waiting for another.
+  await em.execute(
     `insert into verification_history (email, domain, ${column}, updated_at) values (?, ?, ?, ?)
      on conflict (email) do update set ${column} = ${set}, updated_at = excluded.updated_at`,
     [key, domain, bound, at, bound],
+    'run',
   );
 }
 
