@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createToken } from '../src/shared/tokens/service.js';
 import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
 import { createRedis } from '../src/shared/redis.js';
-import { purgeWebhookDeliveries } from '../src/shared/webhooks/service.js';
+import { PURGE_TARGETS, purgeExpired } from '../src/shared/retention/purge.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { webhookProcessor } from '../src/workers/webhooks.js';
@@ -377,12 +377,15 @@ describe('delivery', () => {
     await api('DELETE', `/webhooks/${healthy.id}`);
   });
 
-  it('purges deliveries older than the given time', async () => {
+  it('purges deliveries older than 30 days (the hourly purge-expired job)', async () => {
     const endpoint = await createEndpoint('/ok', ['contact.created']);
     await api('POST', '/subscribers', { email: 'old@example.com' });
     await waitFor('row', async () => (await sql('select 1 from webhook_messages where endpoint_id = ?', [endpoint.id])).length > 0);
     await sql(`update webhook_messages set created_at = now() - interval '31 days' where endpoint_id = ?`, [endpoint.id]);
-    const purged = await purgeWebhookDeliveries(ctx.services.orm.em.fork(), new Date(Date.now() - 30 * 24 * 3_600_000));
+    // The job finds rows by their time-ordered id: run it as if 31 days had passed.
+    const target = PURGE_TARGETS.filter((t) => t.name === 'webhook_deliveries');
+    const result = await purgeExpired(ctx.services.orm.em.fork(), ctx.services.config, { now: new Date(Date.now() + 31 * 24 * 3_600_000), targets: target, duty: 1 });
+    const purged = result.purged.webhook_deliveries ?? 0;
     expect(purged).toBeGreaterThanOrEqual(1);
     expect(await sql('select 1 from webhook_messages where endpoint_id = ?', [endpoint.id])).toHaveLength(0);
     await api('DELETE', `/webhooks/${endpoint.id}`);

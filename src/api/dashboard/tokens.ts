@@ -1,7 +1,6 @@
 import { z } from 'zod';
-import { redisKey } from '../../shared/container.js';
 import { PRESETS, PresetSchema } from '../../shared/tokens/permissions.js';
-import { revokeToken } from '../../shared/tokens/revoke.js';
+import { announceTokenChange, revokeToken } from '../../shared/tokens/revoke.js';
 import { createToken, listTokens } from '../../shared/tokens/service.js';
 import type { App } from '../types.js';
 import { formOf, noticeOf, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
@@ -26,11 +25,10 @@ function createForm(user: PageUser) {
 
 export async function tokenPages(app: App, ctx: DashboardContext): Promise<void> {
   const { services } = ctx;
-  // API processes cache token lists; this is the channel on which they learn of a change.
-  const announce = (organizationId: string) =>
-    services.redis.publish(redisKey(services.config, 'tokens-changed'), organizationId).catch((error: unknown) => {
-      services.logger.warn({ err: error }, 'could not announce a token change');
-    });
+  // API processes cache token lists and secrets; the same announcement as the API's.
+  const announce = async (organizationId: string) => {
+    if (!(await announceTokenChange(services.redis, services.config, organizationId))) services.logger.warn('could not announce a token change');
+  };
 
   async function listPage(organizationId: string, em: Parameters<typeof listTokens>[0], user: PageUser, extra = html``) {
     const { items } = await listTokens(em, organizationId, undefined);

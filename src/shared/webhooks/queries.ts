@@ -239,12 +239,3 @@ export async function loadEndpointForDelivery(em: Db, endpointId: string): Promi
   return row;
 }
 
-/** Deliveries older than `olderThan` (any status) are forgotten. */
-export async function purgeWebhookMessages(em: Db, olderThan: Date): Promise<number> {
-  const rows = await em.execute<{ n: number }[]>(
-    `with gone as (delete from webhook_messages where created_at < ? returning 1) select count(*)::int as n from gone`,
-    [olderThan],
-    'all',
-  );
-  return rows[0]?.n ?? 0;
-}

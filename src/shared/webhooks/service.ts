@@ -11,7 +11,6 @@ import {
   insertTestMessage,
   listEndpoints,
   listMessages,
-  purgeWebhookMessages,
   retryMessage,
   updateEndpoint,
   type EndpointRow,
@@ -184,10 +183,5 @@ export async function sendTestEvent(em: EntityManager, organizationId: string, i
   return toDelivery(await insertTestMessage(em, endpoint, newId('msg'), payload));
 }
 
-/** How long deliveries are kept (the hourly purge). */
+/** How long deliveries are kept (the hourly purge-expired job, src/shared/retention/purge.ts). */
 export const WEBHOOK_DELIVERY_RETENTION_MS = 30 * 24 * 3_600_000;
-
-/** Forgets deliveries created before `olderThan`, whatever their status; returns how many. */
-export async function purgeWebhookDeliveries(em: EntityManager, olderThan: Date): Promise<number> {
-  return purgeWebhookMessages(em, olderThan);
-}
