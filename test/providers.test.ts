@@ -551,3 +551,21 @@ describe('many events at once', () => {
     expect(proven!.n).toBe(count);
   });
 });
+
+describe('a provider whose secret is not configured', () => {
+  it('answers 404 on every provider endpoint (contract 18b)', async () => {
+    const config = ctx.services.config;
+    const off = { ...config.providers, ses: { ...config.providers.ses, enabled: false }, postmark: undefined, mailgunSigningKey: undefined, sendgridPublicKey: undefined };
+    const app = await buildApp({ ...ctx.services, config: { ...config, providers: off } });
+    await app.ready();
+    try {
+      for (const provider of ['ses', 'postmark', 'mailgun', 'sendgrid']) {
+        const response = await app.inject({ method: 'POST', url: `/webhooks/${provider}`, headers: { 'content-type': 'application/json' }, payload: '{}' });
+        expect(response.statusCode, provider).toBe(404);
+        expect(response.json()).toMatchObject({ name: 'not_found' });
+      }
+    } finally {
+      await app.close();
+    }
+  });
+});
