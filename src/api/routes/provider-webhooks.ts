@@ -58,8 +58,8 @@ export async function providerWebhooksRoutes(app: App): Promise<void> {
 
   app.post('/webhooks/ses', { schema }, async (request) => {
     if (!providers.ses.enabled) throw notConfigured('ses');
-    const parsed = SnsMessage.safeParse(request.body);
     if (request.body === undefined) throw malformed();
+    const parsed = SnsMessage.safeParse(request.body);
     if (!parsed.success) throw invalidSignature('Not a signed Amazon SNS message');
     const message = parsed.data;
     try {
