@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
 import { loadConfig, type Config } from '../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
@@ -90,10 +90,19 @@ export async function createBenchEnv(name: string, overrides: Record<string, str
 }
 
 /** Runs a script of the service (`src/...`) as a child process with the bench environment. */
+let built = false;
+
 export async function spawnService(script: string, env: Record<string, string>, readyUrl?: string): Promise<ChildProcess> {
   // BENCH_PROFILE=dir writes a V8 CPU profile of the child there (open in Chrome DevTools).
   const profile = process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : [];
-  const child = spawn(process.execPath, [...profile, '--import', 'tsx', script], {
+  // Services run as production runs them: compiled by `npm run build` and started by node
+  // (`dist/…`); BENCH_TSX=1 runs the TypeScript sources through tsx instead.
+  if (!process.env.BENCH_TSX && !built) {
+    execFileSync(process.execPath, ['scripts/ensure-build.mjs'], { stdio: 'inherit' });
+    built = true;
+  }
+  const entry = process.env.BENCH_TSX ? ['--import', 'tsx', script] : [script.replace(/^src\//, 'dist/').replace(/\.ts$/, '.js')];
+  const child = spawn(process.execPath, [...profile, ...entry], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'inherit', 'inherit'],
   });

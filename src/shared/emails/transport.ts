@@ -8,7 +8,7 @@ import DKIM from 'nodemailer/lib/dkim/index.js';
 import type { Config } from '../config.js';
 import { withSubmittedParts } from '../submission/delivery.js';
 import type { SubmittedParts } from '../submission/store.js';
-import { createDkimSigner, defaultDkimThreads, type DkimSigner } from './dkim-pool.js';
+import { createDkimSigner, defaultDkimThreads, withParsedKey, type DkimSigner } from './dkim-pool.js';
 
 /** One message as handed to the provider. */
 export interface OutgoingMessage {
@@ -200,7 +200,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       // answered DATA with 354; its end is held until `beforeCommit` resolves, so the final
       // `.` follows it.
       node.createReadStream = () => {
-        const signed: Readable = signOnStream ? new DKIM(signOnStream).sign(raw) : new PassThrough().end(raw);
+        const signed: Readable = signOnStream ? new DKIM(withParsedKey(signOnStream as DKIM.SingleKeyOptions)).sign(raw) : new PassThrough().end(raw);
         return hook ? holdEnd(signed, hook, onCommit) : signed;
       };
       const info = await new Promise<{ response?: string }>((resolve, reject) => {
