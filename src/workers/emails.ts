@@ -119,7 +119,7 @@ async function send(payload: { emailId: string; throttled?: number }, ctx: JobCo
   const { job } = ctx;
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
   try {
-    // Suppressed recipients are failed by the claim and never handed over (send-gate.ts).
+    // Suppressed recipients are failed by the claim and never handed over (the claim in emails/queries.ts).
     const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, {
       finalAttempt,
       // The job's logger is made only if something is logged.

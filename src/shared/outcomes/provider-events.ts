@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound, recordProven } from '../verification/index.js';
-import { recordEmailEvents } from '../webhooks/outbox.js';
+import { recordEmailEvents } from '../webhooks/queries.js';
 
 /** Contract 11: the body of `POST /webhooks/provider`. */
 export const ProviderEventBody = z.strictObject({

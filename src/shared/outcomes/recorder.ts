@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Orm } from '../db/orm.js';
 import type { Logger } from '../logger.js';
 import { recordCampaignEngagement } from './campaigns.js';
-import { recordTrackingEvents } from '../webhooks/outbox.js';
+import { recordTrackingEvents } from '../webhooks/queries.js';
 
 export interface TrackingHit {
   emailId: string;
