@@ -31,7 +31,9 @@ const body = SendEmailBody.parse({
   preview: 'Receipt #1234',
 });
 
-let worker: ChildProcess | undefined;
+// BENCH_WORKERS=N: N worker processes sharing the same SMTP connection count (16 / N each).
+const WORKERS = Number(process.env.BENCH_WORKERS ?? 1);
+let workers: ChildProcess[] = [];
 try {
   // Seed: TOTAL queued rows and their jobs, before any worker runs.
   const em = bench.services.orm.em.fork();
@@ -44,13 +46,18 @@ try {
 
   // 1. Through the workers.
   let peakRss = 0;
-  worker = await spawnService('src/workers/main.ts', bench.env);
+  workers = await Promise.all(
+    Array.from({ length: WORKERS }, () => spawnService('src/workers/main.ts', { ...bench.env, SMTP_MAX_CONNECTIONS: String(Math.max(1, Math.round(MAX_CONNECTIONS / WORKERS))) })),
+  );
   const rssTimer = setInterval(() => {
-    readFile(`/proc/${worker!.pid}/status`, 'utf8').then(
-      (s) => (peakRss = Math.max(peakRss, Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024)),
-      () => {},
-    );
+    for (const worker of workers) {
+      readFile(`/proc/${worker.pid}/status`, 'utf8').then(
+        (s) => (peakRss = Math.max(peakRss, Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024)),
+        () => {},
+      );
+    }
   }, 200);
+  const workersCpuMs = async () => (await Promise.all(workers.map((w) => cpuMs(w.pid!)))).reduce((a, b) => a + b, 0);
   const cpuMs = async (pid: number) => {
     // utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks of 10 ms.
     const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
@@ -70,13 +77,13 @@ try {
   let warm: { cpu: number; done: number; others: Map<string, number> } | undefined;
   for (;;) {
     const [row] = await em.execute<{ n: string }[]>(`select count(*) as n from emails where status in ('sent', 'failed')`);
-    if (!warm && Number(row!.n) > 0) warm = { cpu: await cpuMs(worker.pid!), done: Number(row!.n), others: await otherCpuMs() };
+    if (!warm && Number(row!.n) > 0) warm = { cpu: await workersCpuMs(), done: Number(row!.n), others: await otherCpuMs() };
     if (Number(row!.n) >= TOTAL) break;
     if (Date.now() - started > 600_000) throw new Error('workers did not finish in 10 minutes');
     await new Promise((r) => setTimeout(r, 100));
   }
   clearInterval(rssTimer);
-  const workerCpuMs = await cpuMs(worker.pid!);
+  const workerCpuMs = await workersCpuMs();
   const steadyCpuMs = (workerCpuMs - warm!.cpu) / (TOTAL - warm!.done);
   const others = await otherCpuMs();
   const spent = (prefix: string) =>
@@ -90,8 +97,8 @@ try {
   );
   const seconds = (new Date(span!.last).getTime() - new Date(span!.first).getTime()) / 1000;
   const workerRate = Number(span!.sent) / seconds;
-  await stop(worker);
-  worker = undefined;
+  await Promise.all(workers.map((w) => stop(w)));
+  workers = [];
   const received = await sinkCount();
 
   // 2. nodemailer straight to the same sink, the same message pre-rendered: run after the
@@ -123,14 +130,14 @@ try {
 
   console.log('');
   console.log(`workers: ${fmt(Number(span!.sent))} sent, ${span!.failed} failed in ${fmt(seconds, 2)} s = ${fmt(workerRate)} emails/s (target >= 800); sink received ${fmt(received)}`);
-  console.log(`worker peak RSS: ${fmt(peakRss / 1024 / 1024)} MiB; worker CPU ${fmt(steadyCpuMs, 3)} ms an email once started (start-up: ${fmt(warm!.cpu)} ms)`);
+  console.log(`worker processes: ${WORKERS}; peak RSS of one: ${fmt(peakRss / 1024 / 1024)} MiB; workers' CPU ${fmt(steadyCpuMs, 3)} ms an email once started (start-up: ${fmt(warm!.cpu)} ms)`);
   console.log(`PostgreSQL backends of the worker: ${fmt(pgSteadyMs, 3)} ms CPU an email, ${fmt(commitsPerEmail, 2)} commits an email; SMTP sink: ${fmt(sinkSteadyMs, 3)} ms an email`);
   console.log(`direct nodemailer (same message pre-rendered, pool of ${MAX_CONNECTIONS}): ${fmt(directRate)} emails/s (runs: ${runs.map((r) => fmt(r.rate)).join(', ')}); CPU ${fmt(directCpuMs / TOTAL, 3)} ms an email`);
   const [load] = await readFile('/proc/loadavg', 'utf8').then((s) => s.split(' '));
   console.log(`load average during the run: ${load} (2 cores)`);
   console.log(`ratio workers / direct: ${fmt(workerRate / directRate, 2)} (target >= 0.6)`);
 } finally {
-  if (worker) await stop(worker);
+  await Promise.all(workers.map((w) => stop(w)));
   sink.send('stop');
   await bench.dispose();
 }

@@ -71,6 +71,7 @@ const envSchema = z
     // Delivery engine: worker threads that DKIM-sign outgoing mail (default: the cores but one,
     // at least 1; 0 signs on the worker's event loop).
     DKIM_SIGNING_THREADS: z.coerce.number().int().min(0).max(64).optional(),
+    SMTP_MAX_CONNECTIONS: z.coerce.number().int().min(1).max(1000).default(16),
     EMAIL_RECONCILE_EVERY_MS: optionalPositiveInt,
     EMAIL_RECONCILE_GRACE_MS: z.coerce.number().int().min(0).optional(),
     WORKER_QUEUES: z
@@ -186,6 +187,8 @@ export interface Config {
     ratePerSecond?: number;
     /** DKIM signing threads of a sending process (undefined: the default for the machine). */
     dkimThreads?: number;
+    /** SMTP connections to the relay a sending process keeps open at most. */
+    maxConnections: number;
   };
   dnsServers?: string[];
   verifyMonthlyQuota: number;
@@ -276,6 +279,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       smtpUrl: e.SMTP_URL,
       ratePerSecond: e.MAIL_RATE_PER_SECOND,
       dkimThreads: e.DKIM_SIGNING_THREADS,
+      maxConnections: e.SMTP_MAX_CONNECTIONS,
     },
     dnsServers: e.DNS_SERVERS,
     verifyMonthlyQuota: e.VERIFY_MONTHLY_QUOTA,

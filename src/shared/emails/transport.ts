@@ -155,7 +155,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
   const transporter: Transporter = nodemailer.createTransport({
     ...smtpConnection(config.smtpUrl),
     pool: true,
-    maxConnections: options.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
+    maxConnections: options.maxConnections ?? config.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
     maxMessages: Infinity,
     connectionTimeout: CONNECT_TIMEOUT_MS,
     greetingTimeout: 10_000,
