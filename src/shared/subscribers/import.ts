@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { newId } from '../ids.js';
 import { cleanFields, cleanTagNames, EmailAddress } from './input.js';
 import { ensureTags } from './service.js';
-import { inTransaction, rows as query } from './sql.js';
+import { inTransaction, rows as query } from '../db/sql.js';
 
 /**
  * Bulk import of subscribers (`cli subscribers import FILE.csv`). Semantics are those of

@@ -6,7 +6,7 @@ import type { QueueProducer } from '../queues/producer.js';
 import { cleanFields, cleanTagNames, normalizeEmail } from './input.js';
 import { byName, toRecord, type SubscriberRecord, type SubscriberRow, type TagRef } from './rows.js';
 import { nextStatus, UNSUBSCRIBABLE } from './states.js';
-import { inTransaction, rows, withConnection, type Db } from './sql.js';
+import { inTransaction, rows, withConnection, type Db } from '../db/sql.js';
 import type { WorkflowEvent } from './workflow-events.js';
 import { recordContactChange } from '../webhooks/outbox.js';
 
