@@ -1,7 +1,7 @@
 import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { createEmails, requestHash } from '../shared/emails/service.js';
 import { buildConfirmationEmail, confirmationToken, confirmationUrl } from '../shared/subscribers/confirmation.js';
-import type { SubscriberRow } from '../shared/subscribers/rows.js';
+import { selectSenderEmails, selectSubscriberWithOrganization } from '../shared/subscribers/queries.js';
 import { defineProcessor, type JobContext } from './runner.js';
 
 /** The confirmation email of one subscriber, ready for the transactional send pipeline. */
@@ -20,13 +20,11 @@ export interface ConfirmationMessage {
  * PUBLIC_URL; docs/audience.md). Named after the organization either way.
  */
 async function confirmationFrom(ctx: JobContext, organizationId: string, organizationName: string): Promise<string> {
-  const senders = (await ctx.em.execute('select email from senders where organization_id = ? order by created_at, id limit 20', [organizationId])) as Array<{
-    email: string;
-  }>;
+  const senders = await selectSenderEmails(ctx.em, organizationId);
   let allowed: string | undefined;
   for (const sender of senders) {
-    if (!(await sendingPolicyProblem(ctx.em, ctx.services.config, organizationId, sender.email))) {
-      allowed = sender.email;
+    if (!(await sendingPolicyProblem(ctx.em, ctx.services.config, organizationId, sender))) {
+      allowed = sender;
       break;
     }
   }
@@ -68,11 +66,7 @@ export const subscribersProcessor = defineProcessor({
   handlers: {
     // Idempotent: a subscriber no longer pending (confirmed, unsubscribed, gone) gets nothing.
     'send-confirmation': async ({ subscriberId }, ctx) => {
-      const found = (await ctx.em.execute(
-        `select s.*, o.name as organization_name from subscribers s join organizations o on o.id = s.organization_id where s.id = ?`,
-        [subscriberId],
-      )) as Array<SubscriberRow & { organization_name: string }>;
-      const subscriber = found[0];
+      const subscriber = await selectSubscriberWithOrganization(ctx.em, subscriberId);
       if (!subscriber || subscriber.status !== 'PENDING_CONFIRMATION') return { skipped: true };
       const url = confirmationUrl(ctx.services.config.publicUrl, confirmationToken(ctx.services.signer, subscriber));
       const email = buildConfirmationEmail({
