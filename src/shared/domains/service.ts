@@ -7,6 +7,7 @@ import type { QueueProducer } from '../queues/producer.js';
 import { Domain, Sender, type DomainDnsRecord } from '../db/entities/index.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
+import { lockForTransaction } from '../db/queries.js';
 import { normalizeHostname } from './hostname.js';
 import { buildDnsRecords } from './records.js';
 
@@ -79,7 +80,7 @@ export async function createDomain(
   try {
     return await em.transactional(async (tx) => {
       if (Number.isFinite(maxDomains)) {
-        await tx.execute('select pg_advisory_xact_lock(hashtextextended(?, 0))', [`domain-cap:${organizationId}`]);
+        await lockForTransaction(tx, `domain-cap:${organizationId}`);
         const count = await tx.count(Domain, { organizationId });
         if (count >= maxDomains) throw tooMany(count);
       }
