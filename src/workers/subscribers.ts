@@ -1,7 +1,7 @@
 import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { createEmails, requestHash } from '../shared/emails/service.js';
 import { buildConfirmationEmail, confirmationToken, confirmationUrl } from '../shared/subscribers/confirmation.js';
-import { selectSenderEmails, selectSubscriberWithOrganization } from '../shared/subscribers/queries.js';
+import { deleteConfirmationDue, selectOverdueConfirmations, selectSenderEmails, selectSubscriberWithOrganization } from '../shared/subscribers/queries.js';
 import { defineProcessor, type JobContext } from './runner.js';
 
 /** The confirmation email of one subscriber, ready for the transactional send pipeline. */
@@ -61,13 +61,50 @@ export async function handOffConfirmationEmail(
   return { handedOff: true, emailId: created.ids[0]! };
 }
 
+/** How often the reconciler runs, and how old an owed confirmation must be for it. */
+const RECONCILE_EVERY_MS = 60_000;
+const RECONCILE_GRACE_MS = 60_000;
+const RECONCILE_PAGE = 1_000;
+
+function confirmationJob(subscriberId: string) {
+  return { name: 'send-confirmation' as const, data: { subscriberId }, jobId: `confirm-${subscriberId}` };
+}
+
+/**
+ * The confirmations owed for longer than the grace period whose job is missing (Redis lost
+ * it, or failed when the write enqueued it) or finished without the record being cleared
+ * (a worker killed in between): enqueued again. The job is idempotent, so at worst it runs
+ * twice; the email's idempotency key keeps it to one email.
+ */
+async function reconcileConfirmations(ctx: JobContext): Promise<number> {
+  const queue = ctx.services.producer.queue('subscribers');
+  const owed = await selectOverdueConfirmations(ctx.em, new Date(ctx.services.clock().getTime() - RECONCILE_GRACE_MS), RECONCILE_PAGE);
+  const missing: string[] = [];
+  for (const subscriberId of owed) {
+    const job = await queue.getJob(`confirm-${subscriberId}`);
+    if (job) {
+      const state = await job.getState();
+      if (state !== 'completed' && state !== 'failed') continue;
+      await job.remove();
+    }
+    missing.push(subscriberId);
+  }
+  if (missing.length > 0) await ctx.services.producer.addBulk('subscribers', missing.map(confirmationJob));
+  return missing.length;
+}
+
 export const subscribersProcessor = defineProcessor({
   queue: 'subscribers',
   handlers: {
     // Idempotent: a subscriber no longer pending (confirmed, unsubscribed, gone) gets nothing.
+    // Either way the confirmation is no longer owed once this returns.
     'send-confirmation': async ({ subscriberId }, ctx) => {
+      const started = ctx.services.clock();
       const subscriber = await selectSubscriberWithOrganization(ctx.em, subscriberId);
-      if (!subscriber || subscriber.status !== 'PENDING_CONFIRMATION') return { skipped: true };
+      if (!subscriber || subscriber.status !== 'PENDING_CONFIRMATION') {
+        await deleteConfirmationDue(ctx.em, subscriberId, started);
+        return { skipped: true };
+      }
       const url = confirmationUrl(ctx.services.config.publicUrl, confirmationToken(ctx.services.signer, subscriber));
       const email = buildConfirmationEmail({
         organization: { name: subscriber.organization_name },
@@ -82,7 +119,17 @@ export const subscribersProcessor = defineProcessor({
       };
       const from = await confirmationFrom(ctx, subscriber.organization_id, subscriber.organization_name);
       const { handedOff, emailId } = await handOffConfirmationEmail(ctx, { ...message, from });
+      // The email row is committed: from here the emails reconciler protects it.
+      await deleteConfirmationDue(ctx.em, subscriberId, started);
       return { skipped: false, handedOff, emailId, message };
     },
+    reconcile: async (_payload, ctx) => {
+      const requeued = await reconcileConfirmations(ctx);
+      if (requeued > 0) ctx.log.warn({ requeued }, 're-enqueued confirmation emails whose job was missing');
+      return { requeued };
+    },
+  },
+  async onStart(services) {
+    await services.producer.queue('subscribers').upsertJobScheduler('subscribers-reconcile', { every: RECONCILE_EVERY_MS }, { name: 'reconcile', data: {} });
   },
 });

@@ -393,3 +393,33 @@ export async function selectSenderEmails(em: Execute, organizationId: string): P
   }>;
   return senders.map((s) => s.email);
 }
+
+// ---------------------------------------------------------------- confirmations owed
+
+/**
+ * Records, in the write's transaction, that this subscriber's confirmation email is owed
+ * (the outbox of double opt-in: the job enqueued after the commit may be lost).
+ */
+export async function insertConfirmationDue(db: Db, subscriberId: string, now: Date): Promise<void> {
+  await rows(
+    db,
+    `insert into subscriber_confirmations (subscriber_id, created_at) values (?, ?)
+     on conflict (subscriber_id) do update set created_at = excluded.created_at`,
+    [subscriberId, now],
+  );
+}
+
+/** The confirmation is handed over (or no longer owed): forget a record made up to `upTo`. */
+export async function deleteConfirmationDue(em: Execute, subscriberId: string, upTo: Date): Promise<void> {
+  await em.execute('delete from subscriber_confirmations where subscriber_id = ? and created_at <= ?', [subscriberId, upTo], 'run');
+}
+
+/** Subscribers whose confirmation has been owed since before `before`, oldest first. */
+export async function selectOverdueConfirmations(em: Execute, before: Date, limit: number): Promise<string[]> {
+  const found = await em.execute<Array<{ subscriber_id: string }>>(
+    'select subscriber_id from subscriber_confirmations where created_at < ? order by created_at limit ?',
+    [before, limit],
+    'all',
+  );
+  return found.map((r) => r.subscriber_id);
+}

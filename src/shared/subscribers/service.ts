@@ -235,6 +235,8 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
         ...events.filter((e) => e.name !== 'subscriber.field_updated'),
         ...fieldEvents.sort((a, b) => String(a.data.field).localeCompare(String(b.data.field))),
       ];
+      // The confirmation email is owed from this commit on, whatever happens to its job.
+      if (becamePending) await q.insertConfirmationDue(tx, row.id, now);
       return { row, tags, events: ordered, becamePending };
     }, { asyncCommit: ASYNC_COMMIT });
   } catch (error) {
@@ -326,7 +328,12 @@ async function updateExisting(
   return { row: updated, becamePending: status === 'PENDING_CONFIRMATION' && existing.status !== 'PENDING_CONFIRMATION' };
 }
 
-/** Jobs of a committed write: the confirmation email, then the workflow events in order. */
+/**
+ * Jobs of a committed write: the confirmation email, then the workflow events in order. A
+ * confirmation whose job is lost here (Redis failed after the commit) is enqueued again by
+ * the subscribers reconciler (workers/subscribers.ts), from the row written in the write's
+ * transaction.
+ */
 async function afterCommit(deps: AudienceDeps, organizationId: string, outcome: Outcome, triggerWorkflows: boolean, now: Date): Promise<void> {
   if (outcome.becamePending) {
     await deps.producer.add('subscribers', {
