@@ -44,8 +44,9 @@ async function finishedJob(id: string, timeoutMs = 10_000) {
   const queue = ctx.services.producer.queue('subscribers');
   const deadline = Date.now() + timeoutMs;
   for (;;) {
+    // One read of the job: its finish time and return value come together.
     const job = await queue.getJob(id);
-    if (job && (await job.isCompleted())) return job;
+    if (job?.finishedOn && !job.failedReason) return job;
     if (Date.now() > deadline) return undefined;
     await new Promise((r) => setTimeout(r, 25));
   }

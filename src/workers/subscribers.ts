@@ -72,7 +72,7 @@ function confirmationJob(subscriberId: string) {
 
 /**
  * The confirmations owed for longer than the grace period whose job is missing (Redis lost
- * it, or failed when the write enqueued it) or finished without the record being cleared
+ * it, or failed when the write enqueued it) or completed without the record being cleared
  * (a worker killed in between): enqueued again. The job is idempotent, so at worst it runs
  * twice; the email's idempotency key keeps it to one email.
  */
@@ -83,8 +83,9 @@ async function reconcileConfirmations(ctx: JobContext): Promise<number> {
   for (const subscriberId of owed) {
     const job = await queue.getJob(`confirm-${subscriberId}`);
     if (job) {
-      const state = await job.getState();
-      if (state !== 'completed' && state !== 'failed') continue;
+      // Waiting, delayed or running: it will clear the record. Failed (its attempts spent on
+      // an error that is not an outage): kept for the operator, not retried every minute.
+      if ((await job.getState()) !== 'completed') continue;
       await job.remove();
     }
     missing.push(subscriberId);
