@@ -35,7 +35,7 @@ const email = (i: number): NewEmail => ({
   content: '# Thanks for your order\n\nYour receipt **#1234** is attached to your account. [View it](https://acme.test/r/1234).',
   tags: [{ name: 'kind', value: 'receipt' }],
 });
-// The service's statements use `?` placeholders (as `Sql` in src/shared/subscribers/sql.ts).
+// The service's statements use `?` placeholders (as `Sql` in src/shared/db/sql.ts).
 const sql = {
   query: async (text: string, values?: readonly unknown[], name?: string) => {
     let n = 0;

@@ -4,6 +4,7 @@ import { ApiToken, Organization } from '../shared/db/entities/index.js';
 import type { Orm } from '../shared/db/orm.js';
 import { NotFoundError } from '../shared/errors.js';
 import { createRedis, settleConnection } from '../shared/redis.js';
+import { selectOrganizationsWithTokenCounts } from '../shared/organizations/queries.js';
 import { announceTokenChange, revokeToken } from '../shared/tokens/revoke.js';
 
 /** What the operator commands need from the CLI's main module. */
@@ -24,11 +25,7 @@ export async function orgList(cli: OperatorCli, config: Config, args: string[]):
   const { values, positionals } = jsonFlag(args);
   if (positionals.length) throw cli.usage(`org list takes no arguments, got "${positionals.join(' ')}"`);
   const rows = await cli.withOrm(config, (orm) =>
-    orm.em.fork().execute<Array<{ id: string; name: string; double_opt_in: boolean; verify_quota: number; created_at: Date; tokens: string }>>(
-      `select o.id, o.name, o.double_opt_in, o.verify_quota, o.created_at,
-              (select count(*) from api_tokens t where t.organization_id = o.id) as tokens
-         from organizations o order by o.created_at, o.id`,
-    ),
+    selectOrganizationsWithTokenCounts(orm.em.fork()),
   );
   const items = rows.map((r) => ({
     id: r.id,

@@ -7,6 +7,7 @@ import type { Config } from '../shared/config.js';
 import { initOrm } from '../shared/db/orm.js';
 import { AppError, NotFoundError } from '../shared/errors.js';
 import { importBatch, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
+import { organizationExists } from '../shared/organizations/queries.js';
 
 // Rows per transaction: large enough that a batch costs a few round trips per thousand
 // rows, small enough that one batch's locks and memory stay modest.
@@ -57,8 +58,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
   const problems: string[] = [];
   const started = performance.now();
   try {
-    const org = (await orm.em.fork().execute('select id from organizations where id = ?', [organizationId])) as unknown[];
-    if (org.length === 0) throw new NotFoundError(`no organization ${organizationId}`);
+    if (!(await organizationExists(orm.em.fork(), organizationId))) throw new NotFoundError(`no organization ${organizationId}`);
 
     let missingEmail = false;
     let headerLength = 0;

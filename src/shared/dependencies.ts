@@ -1,4 +1,5 @@
 import type { Services } from './container.js';
+import { ping } from './db/queries.js';
 
 export type DependencyState = 'up' | 'down';
 export interface DependencyStatus {
@@ -33,7 +34,7 @@ async function probe(check: () => Promise<unknown>): Promise<DependencyState> {
  */
 export async function dependencyStatus(services: Pick<Services, 'orm' | 'redis'>): Promise<DependencyStatus> {
   const [postgres, redis] = await Promise.all([
-    probe(() => services.orm.em.fork().getConnection().execute('select 1')),
+    probe(() => ping(services.orm.em.fork())),
     probe(() => services.redis.ping()),
   ]);
   return { postgres, redis };

@@ -1,5 +1,6 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Orm } from './db/orm.js';
+import { countByStatus, hasStatusColumn } from './db/queries.js';
 import type { Logger } from './logger.js';
 import type { QueueProducer } from './queues/producer.js';
 import { QUEUE_NAMES } from './queues/registry.js';
@@ -182,19 +183,11 @@ function registerStatusGauge(registry: Registry, { orm, logger }: MetricsSources
 
   async function query(): Promise<Array<{ status: string; count: string | number }>> {
     if (!tableReady) {
-      const found = await orm.em.fork().execute<Array<{ found: boolean }>>(
-        `select exists (select 1 from information_schema.columns
-           where table_schema = current_schema() and table_name = ? and column_name = 'status') as found`,
-        [table],
-      );
-      tableReady = Boolean(found[0]?.found);
+      tableReady = await hasStatusColumn(orm.em.fork(), table);
       if (!tableReady) return [];
     }
-    return orm.em.fork().transactional(async (em) => {
-      await em.execute(`set local statement_timeout = ${STATUS_QUERY_TIMEOUT_MS}`);
-      // `table` is one of two constants, never input.
-      return em.execute<Array<{ status: string; count: string }>>(`select status, count(*) as count from ${table} group by status`);
-    });
+    // `table` is one of two constants, never input.
+    return countByStatus(orm.em.fork(), table, STATUS_QUERY_TIMEOUT_MS);
   }
 
   new Gauge({

@@ -1,7 +1,7 @@
 import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { createEmails, requestHash } from '../shared/emails/service.js';
 import { buildConfirmationEmail, confirmationToken, confirmationUrl } from '../shared/subscribers/confirmation.js';
-import type { SubscriberRow } from '../shared/subscribers/rows.js';
+import { deleteConfirmationDue, selectOverdueConfirmations, selectSenderEmails, selectSubscriberWithOrganization } from '../shared/subscribers/queries.js';
 import { defineProcessor, type JobContext } from './runner.js';
 
 /** The confirmation email of one subscriber, ready for the transactional send pipeline. */
@@ -20,13 +20,11 @@ export interface ConfirmationMessage {
  * PUBLIC_URL; docs/audience.md). Named after the organization either way.
  */
 async function confirmationFrom(ctx: JobContext, organizationId: string, organizationName: string): Promise<string> {
-  const senders = (await ctx.em.execute('select email from senders where organization_id = ? order by created_at, id limit 20', [organizationId])) as Array<{
-    email: string;
-  }>;
+  const senders = await selectSenderEmails(ctx.em, organizationId);
   let allowed: string | undefined;
   for (const sender of senders) {
-    if (!(await sendingPolicyProblem(ctx.em, ctx.services.config, organizationId, sender.email))) {
-      allowed = sender.email;
+    if (!(await sendingPolicyProblem(ctx.em, ctx.services.config, organizationId, sender))) {
+      allowed = sender;
       break;
     }
   }
@@ -63,17 +61,51 @@ export async function handOffConfirmationEmail(
   return { handedOff: true, emailId: created.ids[0]! };
 }
 
+/** How often the reconciler runs, and how old an owed confirmation must be for it. */
+const RECONCILE_EVERY_MS = 60_000;
+const RECONCILE_GRACE_MS = 60_000;
+const RECONCILE_PAGE = 1_000;
+
+function confirmationJob(subscriberId: string) {
+  return { name: 'send-confirmation' as const, data: { subscriberId }, jobId: `confirm-${subscriberId}` };
+}
+
+/**
+ * The confirmations owed for longer than the grace period whose job is missing (Redis lost
+ * it, or failed when the write enqueued it) or completed without the record being cleared
+ * (a worker killed in between): enqueued again. The job is idempotent, so at worst it runs
+ * twice; the email's idempotency key keeps it to one email.
+ */
+async function reconcileConfirmations(ctx: JobContext): Promise<number> {
+  const queue = ctx.services.producer.queue('subscribers');
+  const owed = await selectOverdueConfirmations(ctx.em, new Date(ctx.services.clock().getTime() - RECONCILE_GRACE_MS), RECONCILE_PAGE);
+  const missing: string[] = [];
+  for (const subscriberId of owed) {
+    const job = await queue.getJob(`confirm-${subscriberId}`);
+    if (job) {
+      // Waiting, delayed or running: it will clear the record. Failed (its attempts spent on
+      // an error that is not an outage): kept for the operator, not retried every minute.
+      if ((await job.getState()) !== 'completed') continue;
+      await job.remove();
+    }
+    missing.push(subscriberId);
+  }
+  if (missing.length > 0) await ctx.services.producer.addBulk('subscribers', missing.map(confirmationJob));
+  return missing.length;
+}
+
 export const subscribersProcessor = defineProcessor({
   queue: 'subscribers',
   handlers: {
     // Idempotent: a subscriber no longer pending (confirmed, unsubscribed, gone) gets nothing.
+    // Either way the confirmation is no longer owed once this returns.
     'send-confirmation': async ({ subscriberId }, ctx) => {
-      const found = (await ctx.em.execute(
-        `select s.*, o.name as organization_name from subscribers s join organizations o on o.id = s.organization_id where s.id = ?`,
-        [subscriberId],
-      )) as Array<SubscriberRow & { organization_name: string }>;
-      const subscriber = found[0];
-      if (!subscriber || subscriber.status !== 'PENDING_CONFIRMATION') return { skipped: true };
+      const started = ctx.services.clock();
+      const subscriber = await selectSubscriberWithOrganization(ctx.em, subscriberId);
+      if (!subscriber || subscriber.status !== 'PENDING_CONFIRMATION') {
+        await deleteConfirmationDue(ctx.em, subscriberId, started);
+        return { skipped: true };
+      }
       const url = confirmationUrl(ctx.services.config.publicUrl, confirmationToken(ctx.services.signer, subscriber));
       const email = buildConfirmationEmail({
         organization: { name: subscriber.organization_name },
@@ -88,7 +120,17 @@ export const subscribersProcessor = defineProcessor({
       };
       const from = await confirmationFrom(ctx, subscriber.organization_id, subscriber.organization_name);
       const { handedOff, emailId } = await handOffConfirmationEmail(ctx, { ...message, from });
+      // The email row is committed: from here the emails reconciler protects it.
+      await deleteConfirmationDue(ctx.em, subscriberId, started);
       return { skipped: false, handedOff, emailId, message };
     },
+    reconcile: async (_payload, ctx) => {
+      const requeued = await reconcileConfirmations(ctx);
+      if (requeued > 0) ctx.log.warn({ requeued }, 're-enqueued confirmation emails whose job was missing');
+      return { requeued };
+    },
+  },
+  async onStart(services) {
+    await services.producer.queue('subscribers').upsertJobScheduler('subscribers-reconcile', { every: RECONCILE_EVERY_MS }, { name: 'reconcile', data: {} });
   },
 });

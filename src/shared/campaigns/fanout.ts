@@ -1,12 +1,26 @@
-import type { EntityManager, Knex } from '@mikro-orm/postgresql';
-import type { Campaign, CampaignStatus, RecipientFilter } from '../db/entities/campaign.js';
+import type { EntityManager } from '@mikro-orm/postgresql';
+import type { CampaignStatus } from '../db/entities/campaign.js';
 import { enqueueEmailSends, SEND_JOB_OPTIONS } from '../emails/service.js';
 import { newId } from '../ids.js';
 import type { Logger } from '../logger.js';
 import type { Metrics } from '../metrics.js';
 import type { QueueProducer } from '../queues/producer.js';
 import { renderCampaignTemplate } from './content.js';
-import { recipientWhere } from './filters.js';
+import {
+  countCampaignEmails,
+  hasPendingEmails,
+  insertTemplate,
+  lockSendingCampaign,
+  markFanOutDone,
+  selectActiveCampaigns,
+  selectCampaign as loadCampaign,
+  selectQueuedCampaignEmails,
+  selectSender,
+  templateExists,
+  updateCampaignStatus,
+  writeFanOutPage,
+  type CampaignRow,
+} from './queries.js';
 import { CAMPAIGN_JOB_OPTIONS, formatFrom } from './service.js';
 import { assertTransition } from './state.js';
 import { sendingPolicyProblem, type PolicyConfig } from '../domains/sending-policy.js';
@@ -36,39 +50,9 @@ export interface FanOutDeps {
   policy: PolicyConfig;
 }
 
-interface CampaignRow {
-  id: string;
-  organization_id: string;
-  status: CampaignStatus;
-  subject: string;
-  preview: string | null;
-  content_type: Campaign['contentType'];
-  content: unknown;
-  recipient_filters: RecipientFilter[];
-  sender_id: string | null;
-  reply_to: string | null;
-  fanout_cursor: string | null;
-  fanout_done: boolean;
-}
-
-async function loadCampaign(em: EntityManager, id: string): Promise<CampaignRow | undefined> {
-  const [row] = await em.execute<CampaignRow[]>(
-    `select id, organization_id, status, subject, preview, content_type, content, recipient_filters, sender_id, reply_to, fanout_cursor, fanout_done
-     from campaigns where id = ?`,
-    [id],
-    'all',
-  );
-  return row;
-}
-
-async function setStatus(em: EntityManager, id: string, from: CampaignStatus, to: CampaignStatus, extra = ''): Promise<boolean> {
+async function setStatus(em: EntityManager, id: string, from: CampaignStatus, to: CampaignStatus, stamp?: 'send_at' | 'finished_at'): Promise<boolean> {
   assertTransition(from, to);
-  const rows = await em.execute<{ id: string }[]>(
-    `update campaigns set status = ?, updated_at = now()${extra} where id = ? and status = ? returning id`,
-    [to, id, from],
-    'all',
-  );
-  return rows.length > 0;
+  return updateCampaignStatus(em, id, from, to, stamp);
 }
 
 export type FanOutResult = 'gone' | 'not-due' | 'done' | 'failed-no-sender';
@@ -81,7 +65,7 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
   if (!campaign) return 'gone';
   if (campaign.status === 'SCHEDULED') {
     // SCHEDULED -> SENDING: sendAt is when the worker started it.
-    if (!(await setStatus(em, campaignId, 'SCHEDULED', 'SENDING', ', send_at = now()'))) return 'gone';
+    if (!(await setStatus(em, campaignId, 'SCHEDULED', 'SENDING', 'send_at'))) return 'gone';
     campaign = { ...campaign, status: 'SENDING' };
   } else if (campaign.status !== 'SENDING') {
     return 'not-due';
@@ -92,14 +76,10 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
   }
   if (campaign.fanout_cursor !== null) await requeueQueued(em, deps, campaignId);
 
-  const [sender] = await em.execute<{ name: string; email: string }[]>(
-    'select name, email from senders where id = ? and organization_id = ?',
-    [campaign.sender_id ?? '', campaign.organization_id],
-    'all',
-  );
+  const sender = await selectSender(em, campaign.sender_id ?? '', campaign.organization_id);
   const refused = sender ? await sendingPolicyProblem(em, deps.policy, campaign.organization_id, sender.email) : 'its sender no longer exists';
   if (!sender || refused) {
-    await setStatus(em, campaignId, 'SENDING', 'FAILED', ', finished_at = now()');
+    await setStatus(em, campaignId, 'SENDING', 'FAILED', 'finished_at');
     deps.metrics?.campaignsFinished.inc({ status: 'failed' });
     deps.logger.warn({ campaignId, reason: refused }, 'campaign failed: its sender may not send');
     return 'failed-no-sender';
@@ -126,7 +106,7 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
     if (page.read < deps.pageSize) break;
   }
   await sends;
-  await em.execute(`update campaigns set fanout_done = true, updated_at = now() where id = ? and status = 'SENDING'`, [campaignId], 'run');
+  await markFanOutDone(em, campaignId);
   await enqueueCompletion(deps, campaignId);
   return 'done';
 }
@@ -136,8 +116,7 @@ export async function runFanOut(em: EntityManager, deps: FanOutDeps, campaignId:
  * for the send path. A resumed fan-out finds it written. False when the campaign is gone.
  */
 async function saveTemplate(em: EntityManager, campaign: CampaignRow): Promise<boolean> {
-  const [found] = await em.execute<{ n: number }[]>(`select count(*)::int as n from campaign_templates where campaign_id = ?`, [campaign.id], 'all');
-  if ((found?.n ?? 0) > 0) return true;
+  if (await templateExists(em, campaign.id)) return true;
   const template = renderCampaignTemplate({
     contentType: campaign.content_type,
     content: campaign.content,
@@ -145,15 +124,8 @@ async function saveTemplate(em: EntityManager, campaign: CampaignRow): Promise<b
     preview: campaign.preview,
   });
   return em.transactional(async (tx) => {
-    const live = await tx.execute<{ id: string }[]>(`select id from campaigns where id = ? and status = 'SENDING' for update`, [campaign.id], 'all');
-    if (live.length === 0) return false;
-    const trx = tx.getTransactionContext<Knex.Transaction>()!;
-    await trx.raw(`insert into campaign_templates (campaign_id, subject, html, text) values (?, ?, ?, ?) on conflict (campaign_id) do nothing`, [
-      campaign.id,
-      template.subject,
-      template.html,
-      template.text,
-    ]);
+    if (!(await lockSendingCampaign(tx, campaign.id))) return false;
+    await insertTemplate(tx as EntityManager, campaign.id, template);
     return true;
   });
 }
@@ -174,43 +146,17 @@ async function writePage(
   cursor: string | null,
 ): Promise<{ last: string | null; read: number; inserted: string[] } | null> {
   const ids = Array.from({ length: deps.pageSize }, () => newId('eml'));
-  const where = recipientWhere(campaign.organization_id, campaign.recipient_filters);
-  // Bound parameters through knex (MikroORM's execute() would inline the ids into the SQL).
-  const knex = em.getConnection().getKnex();
-  const result = (await knex.raw(
-    `with live as (select id from campaigns where id = ? and status = 'SENDING' for update),
-     page as (
-       select s.id, s.email, row_number() over (order by s.id) as n
-       from (select s.id, s.email from subscribers s
-             where exists (select 1 from live) and ${where.sql} and s.id > ? order by s.id limit ?) s
-     ),
-     inserted as (
-       insert into emails (id, organization_id, source, campaign_id, subscriber_id, from_address, to_address, reply_to, subject, content_kind, content, created_at, updated_at)
-       select i.id, ?, 'campaign', ?, p.id, ?, p.email, ?::jsonb, ?, 'campaign', '', now(), now()
-       from page p join unnest(?::text[]) with ordinality as i(id, n) on i.n = p.n
-       on conflict (campaign_id, subscriber_id) where source = 'campaign' do nothing
-       returning id
-     ),
-     moved as (
-       update campaigns set fanout_cursor = (select max(id) from page), updated_at = now()
-       where id in (select id from live) and exists (select 1 from page)
-     )
-     select (select count(*)::int from live) as live, (select max(id) from page) as last, (select count(*)::int from page) as read,
-            coalesce((select array_agg(id) from inserted), '{}') as inserted`,
-    [
-      campaign.id,
-      ...where.params,
-      cursor ?? '',
-      deps.pageSize,
-      campaign.organization_id,
-      campaign.id,
-      common.from,
-      common.replyTo,
-      campaign.subject,
-      ids,
-    ] as never[],
-  )) as { rows: { live: number; last: string | null; read: number; inserted: string[] }[] };
-  const page = result.rows[0]!;
+  const page = await writeFanOutPage(em, {
+    campaignId: campaign.id,
+    organizationId: campaign.organization_id,
+    filters: campaign.recipient_filters,
+    cursor,
+    pageSize: deps.pageSize,
+    from: common.from,
+    replyTo: common.replyTo,
+    subject: campaign.subject,
+    ids,
+  });
   return page.live === 0 ? null : page;
 }
 
@@ -237,11 +183,7 @@ const REQUEUE_PAGE = 1_000;
 async function requeueQueued(em: EntityManager, deps: FanOutDeps, campaignId: string): Promise<void> {
   let after = '';
   for (;;) {
-    const rows = await em.execute<{ id: string }[]>(
-      `select id from emails where campaign_id = ? and source = 'campaign' and status = 'queued' and id > ? order by id limit ?`,
-      [campaignId, after, REQUEUE_PAGE],
-      'all',
-    );
+    const rows = await selectQueuedCampaignEmails(em, campaignId, after, REQUEUE_PAGE);
     if (rows.length === 0) return;
     // One job per email (not batches): a batch's jobId is its first email id, and a resumed
     // run's pages of queued rows need not match the first run's batches.
@@ -265,20 +207,11 @@ export async function enqueueCompletion(deps: { producer: QueueProducer; logger:
 export async function completeCampaign(em: EntityManager, metrics: Metrics | undefined, campaignId: string): Promise<'pending' | 'gone' | CampaignStatus> {
   const campaign = await loadCampaign(em, campaignId);
   if (!campaign || campaign.status !== 'SENDING' || !campaign.fanout_done) return 'gone';
-  const [pending] = await em.execute<{ n: number }[]>(
-    `select count(*)::int as n from (select 1 from emails where campaign_id = ? and source = 'campaign' and status in ('queued', 'sending') limit 1) p`,
-    [campaignId],
-    'all',
-  );
-  if ((pending?.n ?? 0) > 0) return 'pending';
-  const [counts] = await em.execute<{ total: number; sent: number }[]>(
-    `select count(*)::int as total, count(*) filter (where status = 'sent')::int as sent from emails where campaign_id = ? and source = 'campaign'`,
-    [campaignId],
-    'all',
-  );
-  const to: CampaignStatus = (counts?.total ?? 0) > 0 && (counts?.sent ?? 0) === 0 ? 'FAILED' : 'SENT';
+  if (await hasPendingEmails(em, campaignId)) return 'pending';
+  const counts = await countCampaignEmails(em, campaignId);
+  const to: CampaignStatus = counts.total > 0 && counts.sent === 0 ? 'FAILED' : 'SENT';
   const moved = await em.transactional(async (tx) => {
-    const changed = await setStatus(tx as EntityManager, campaignId, 'SENDING', to, ', finished_at = now()');
+    const changed = await setStatus(tx as EntityManager, campaignId, 'SENDING', to, 'finished_at');
     if (changed && to === 'SENT') await recordCampaignSent(tx, campaignId);
     return changed;
   });
@@ -288,5 +221,5 @@ export async function completeCampaign(em: EntityManager, metrics: Metrics | und
 
 /** Reconciler: SCHEDULED/SENDING campaigns whose job Redis lost (raw rows: timestamps may come back as text). */
 export async function activeCampaigns(em: EntityManager): Promise<{ id: string; status: CampaignStatus; scheduled_at: Date | string | null; fanout_done: boolean }[]> {
-  return em.execute(`select id, status, scheduled_at, fanout_done from campaigns where status in ('SCHEDULED', 'SENDING') order by id`, [], 'all');
+  return selectActiveCampaigns(em);
 }

@@ -13,7 +13,7 @@ import type { Config } from '../config.js';
 import { assertSendingAllowed, takeTestSend, type PolicyConfig } from '../domains/sending-policy.js';
 import type { RenderPool } from '../emails/render-pool.js';
 import { hasUnsubscribeLink, normalizeContent } from './content.js';
-import { countRecipients } from './filters.js';
+import { countRecipients, deleteCampaignRows, scheduleDraft } from './queries.js';
 import { fillHtml, fillSubject, fillText, variablesOf } from './personalize.js';
 import { assertTransition } from './state.js';
 
@@ -179,14 +179,7 @@ export async function deleteCampaign(em: EntityManager, deps: { producer: QueueP
   await em.transactional(async (tx) => {
     // Lock the row: a fan-out page commits its cursor under this lock, so after the delete
     // no further page is written; emails still queued are failed and never handed over.
-    await tx.execute(`select id from campaigns where id = ? for update`, [id], 'all');
-    await tx.execute(
-      `update emails set status = 'failed', failure_reason = 'campaign deleted', updated_at = now()
-       where campaign_id = ? and source = 'campaign' and status = 'queued'`,
-      [id],
-      'run',
-    );
-    await tx.execute(`delete from campaigns where id = ?`, [id], 'run');
+    await deleteCampaignRows(tx, id);
   });
   if (status === 'SCHEDULED' || status === 'SENDING') {
     try {
@@ -250,13 +243,7 @@ export async function scheduleCampaign(
   assertTransition(campaign.status, 'SCHEDULED', 400);
   await em.transactional(async (tx) => {
     const count = await countRecipients(tx, organizationId, campaign.recipientFilters);
-    const updated = await tx.execute<{ id: string }[]>(
-      `update campaigns set status = 'SCHEDULED', scheduled_at = ?, timezone = ?, recipient_count = ?, updated_at = now()
-       where id = ? and status = 'DRAFT' returning id`,
-      [scheduledAt, timezone, count, id],
-      'all',
-    );
-    if (updated.length === 0) throw v400('status', 'the campaign is no longer a DRAFT');
+    if (!(await scheduleDraft(tx, id, { scheduledAt, timezone, recipientCount: count }))) throw v400('status', 'the campaign is no longer a DRAFT');
     Object.assign(campaign, { status: 'SCHEDULED', scheduledAt, timezone, recipientCount: count });
   });
   await enqueueFanOut(deps, campaign.id, scheduledAt, now);

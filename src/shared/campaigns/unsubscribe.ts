@@ -3,6 +3,7 @@ import type { LinkSigner } from '../crypto.js';
 import type { QueueProducer } from '../queues/producer.js';
 import { unsubscribeSubscriber } from '../subscribers/service.js';
 import { UNSUBSCRIBE_PURPOSE } from './personalize.js';
+import { selectUnsubscribeTarget } from './queries.js';
 
 /**
  * `/u/{token}` (contract 10): the token signs the subscriber id. GET only reads
@@ -21,11 +22,7 @@ export async function resolveUnsubscribeToken(em: EntityManager, signer: LinkSig
   const value = signer.verify(UNSUBSCRIBE_PURPOSE, token);
   if (!value) return null;
   const subscriberId = value.split(' ')[0]!;
-  const [row] = await em.execute<{ id: string; organization_id: string; email: string; status: string; org_name: string }[]>(
-    `select s.id, s.organization_id, s.email, s.status, o.name as org_name from subscribers s join organizations o on o.id = s.organization_id where s.id = ?`,
-    [subscriberId],
-    'all',
-  );
+  const row = await selectUnsubscribeTarget(em, subscriberId);
   if (!row) return 'gone';
   return { subscriberId: row.id, organizationId: row.organization_id, organizationName: row.org_name, email: row.email, status: row.status };
 }

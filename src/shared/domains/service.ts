@@ -1,13 +1,15 @@
 import { generateKeyPair } from 'node:crypto';
 import { promisify } from 'node:util';
 import { UniqueConstraintViolationException } from '@mikro-orm/core';
-import { raw, type EntityManager } from '@mikro-orm/postgresql';
+import type { EntityManager } from '@mikro-orm/postgresql';
 import type { SecretBox } from '../crypto.js';
 import type { QueueProducer } from '../queues/producer.js';
 import { Domain, Sender, type DomainDnsRecord } from '../db/entities/index.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
+import { lockForTransaction } from '../db/queries.js';
 import { normalizeHostname } from './hostname.js';
+import { countSendersByDomain } from './queries.js';
 import { buildDnsRecords } from './records.js';
 
 const generateKeyPairAsync = promisify(generateKeyPair);
@@ -79,7 +81,7 @@ export async function createDomain(
   try {
     return await em.transactional(async (tx) => {
       if (Number.isFinite(maxDomains)) {
-        await tx.execute('select pg_advisory_xact_lock(hashtextextended(?, 0))', [`domain-cap:${organizationId}`]);
+        await lockForTransaction(tx, `domain-cap:${organizationId}`);
         const count = await tx.count(Domain, { organizationId });
         if (count >= maxDomains) throw tooMany(count);
       }
@@ -139,16 +141,7 @@ export async function listDomains(
   );
   const hasMore = limit !== undefined && rows.length > limit;
   const page = hasMore ? rows.slice(0, limit) : rows;
-  const counts = new Map<string, number>();
-  if (page.length > 0) {
-    const rows: Array<{ domainId: string; count: string }> = await em
-      .createQueryBuilder(Sender)
-      .select(['domainId', raw('count(*) as count')])
-      .where({ domainId: { $in: page.map((d) => d.id) } })
-      .groupBy('domainId')
-      .execute('all', true);
-    for (const row of rows) counts.set(row.domainId, Number(row.count));
-  }
+  const counts = page.length > 0 ? await countSendersByDomain(em, page.map((d) => d.id)) : new Map<string, number>();
   return { items: page.map((domain) => ({ domain, emailSendersCount: counts.get(domain.id) ?? 0 })), hasMore };
 }
 

@@ -1,7 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { ConflictError } from '../errors.js';
 import { newId } from '../ids.js';
-import type { Sql } from '../subscribers/sql.js';
+import type { Sql } from '../db/sql.js';
 import { IDEMPOTENCY_TTL_HOURS, insertEmailRows, insertKeyedEmails } from './queries.js';
 import type { NewEmail } from './input.js';
 

@@ -1,6 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { ContentKind } from '../db/entities/email.js';
-import { inTransaction, withConnection, type Sql } from '../subscribers/sql.js';
+import { inTransaction, withConnection, type Sql } from '../db/sql.js';
 import type { CampaignEmailParts } from '../campaigns/personalize.js';
 import { recordEmailEvents, recordSentEmails } from '../webhooks/queries.js';
 import type { NewEmail } from './input.js';

@@ -8,7 +8,7 @@ import { NotFoundError, ValidationError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { QueueProducer } from '../queues/producer.js';
 import type { NewEmail } from './input.js';
-import { inTransaction, type Sql } from '../subscribers/sql.js';
+import { inTransaction, type Sql } from '../db/sql.js';
 import { deleteExpiredIdempotencyKeys } from './queries.js';
 import { acceptRequests, insertEmails, type AcceptRequest, type AcceptResult, type CreatedEmails, type Idempotency } from './accept.js';
 import { lastEventFilter, type LastEvent } from './last-event.js';

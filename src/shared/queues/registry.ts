@@ -20,6 +20,8 @@ export const queueRegistry = {
   subscribers: {
     // Double opt-in: build the confirmation email of a PENDING_CONFIRMATION subscriber.
     'send-confirmation': z.object({ subscriberId: z.string() }),
+    // Scheduled: re-enqueue the confirmations still owed whose job Redis lost.
+    reconcile: z.object({}),
   },
   // Subscriber change events (triggerWorkflows), one job per change; see subscribers/workflow-events.ts.
   workflows: workflowJobs,

@@ -1,8 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import { WEBHOOK_DELIVERY_RETENTION_MS } from '../webhooks/service.js';
-import { encodeTime } from 'ulid';
 import type { Config } from '../config.js';
-import type { IdPrefix } from '../ids.js';
+import { PURGE_TARGETS, purgeBatch, type PurgeTarget } from './queries.js';
 
 /**
  * Retention (contract 21): rows older than their retention are deleted by the hourly
@@ -18,43 +16,7 @@ import type { IdPrefix } from '../ids.js';
  * - `for update skip locked`: a row a worker has locked is skipped, never waited for.
  * - Only rows whose work is over: an email still `queued` or `sending` is kept.
  */
-export interface PurgeTarget {
-  /** Name in the job's result and the logs. */
-  name: string;
-  table: string;
-  idPrefix: IdPrefix | string;
-  retentionDays(config: Config): number;
-  /** More conditions a row must meet to go (SQL over the table's columns). */
-  where?: string;
-}
-
-export const PURGE_TARGETS: readonly PurgeTarget[] = [
-  {
-    // Their events (opens, clicks, delivery events) go with them: the statement-level
-    // trigger of migration 20261123070000 deletes the events of every deleted email.
-    name: 'emails',
-    table: 'emails',
-    idPrefix: 'eml',
-    retentionDays: (config) => config.emailRetentionDays,
-    where: `status in ('sent', 'failed')`,
-  },
-  {
-    // The answers of POST /verify. The trusted history (verification_history: bounces,
-    // complaints, engagement) is the suppression knowledge of the service and is kept.
-    name: 'verifications',
-    table: 'email_verifications',
-    idPrefix: 'ver',
-    retentionDays: (config) => config.emailRetentionDays,
-  },
-  {
-    // Webhook deliveries (the outbox rows, docs/webhooks.md) are kept 30 days whatever
-    // EMAIL_RETENTION_DAYS says; their retries end within about 28 hours.
-    name: 'webhook_deliveries',
-    table: 'webhook_messages',
-    idPrefix: 'msg',
-    retentionDays: () => WEBHOOK_DELIVERY_RETENTION_MS / 86_400_000,
-  },
-];
+export { idBefore, PURGE_TARGETS, purgeBatch, type PurgeTarget } from './queries.js';
 
 export interface PurgeOptions {
   now?: Date;
@@ -81,30 +43,6 @@ export const PURGE_PAUSE_MS = 20;
 // above 0.8 of the rate without one; an idle database still purges ~10,000 rows a second.
 export const PURGE_DUTY = 0.2;
 const BUDGET_MS = 5 * 60_000;
-
-/** The smallest id of its prefix created at `time`: every id below it is older. */
-export function idBefore(prefix: string, time: Date): string {
-  return `${prefix}_${encodeTime(time.getTime(), 10).toLowerCase()}`;
-}
-
-/** Deletes one batch of a target's expired rows; returns how many. */
-export async function purgeBatch(em: EntityManager, target: PurgeTarget, cutoff: Date, batchSize: number): Promise<number> {
-  const rows = await em.execute<Array<{ n: number }>>(
-    `with batch as (
-       select id from ${target.table}
-        where id < ? and created_at < ?${target.where ? ` and ${target.where}` : ''}
-        order by id
-        limit ?
-        for update skip locked
-     ), gone as (
-       delete from ${target.table} t using batch where t.id = batch.id returning 1
-     )
-     select count(*)::int as n from gone`,
-    [idBefore(target.idPrefix, cutoff), cutoff, batchSize],
-    'all',
-  );
-  return Number(rows[0]?.n ?? 0);
-}
 
 export async function purgeExpired(em: EntityManager, config: Config, options: PurgeOptions = {}): Promise<PurgeResult> {
   const now = options.now ?? new Date();

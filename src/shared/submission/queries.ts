@@ -1,5 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import { withConnection } from '../subscribers/sql.js';
+import { withConnection } from '../db/sql.js';
 import type { NewEmail } from '../emails/input.js';
 import { createEmails, type CreateEmailsDeps } from '../emails/service.js';
 import type { SubmittedAttachment, SubmittedMessage } from './message.js';

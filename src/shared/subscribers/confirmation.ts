@@ -1,6 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { LinkSigner } from '../crypto.js';
-import { toRecord, type SubscriberRow } from './rows.js';
+import { lockConfirmationTarget, markConfirmed, selectConfirmationTarget } from './queries.js';
+import { toRecord } from './rows.js';
 import { tagsOf } from './service.js';
 import { recordContactEvent } from '../webhooks/queries.js';
 
@@ -67,12 +68,7 @@ export async function findConfirmation(
   const value = signer.verify(CONFIRM_PURPOSE, token);
   const [id, email] = value?.split(' ') ?? [];
   if (!id || !email) return null;
-  const found = await em.execute<Array<{ email: string; status: string; organization_name: string }>>(
-    `select s.email, s.status, o.name as organization_name from subscribers s join organizations o on o.id = s.organization_id
-      where s.id = ? and s.email = ?`,
-    [id, email],
-  );
-  const row = found[0];
+  const row = await selectConfirmationTarget(em, id, email);
   return row ? { email: row.email, status: row.status, organizationName: row.organization_name } : null;
 }
 
@@ -90,20 +86,12 @@ export async function confirmSubscription(
   const [id, email] = value?.split(' ') ?? [];
   if (!id || !email) return null;
   return em.transactional(async (tx) => {
-    const found = (await tx.execute(
-      `select s.*, o.name as organization_name from subscribers s join organizations o on o.id = s.organization_id
-        where s.id = ? and s.email = ? for update of s`,
-      [id, email],
-    )) as Array<SubscriberRow & { organization_name: string }>;
-    const row = found[0];
+    const row = await lockConfirmationTarget(tx, id, email);
     if (!row) return null;
     const organizationName = row.organization_name;
     if (row.status === 'SUBSCRIBED') return { outcome: 'already_confirmed' as const, organizationName };
     if (row.status !== 'PENDING_CONFIRMATION') return { outcome: 'not_pending' as const, organizationName };
-    const [confirmed] = (await tx.execute(
-      `update subscribers set status = 'SUBSCRIBED', confirmed_at = ?, confirm_ip = ?, confirm_user_agent = ?, updated_at = ? where id = ? returning *`,
-      [evidence.now, evidence.ip, evidence.userAgent?.slice(0, 1000) ?? null, evidence.now, row.id],
-    )) as SubscriberRow[];
+    const confirmed = await markConfirmed(tx, row.id, { now: evidence.now, ip: evidence.ip, userAgent: evidence.userAgent?.slice(0, 1000) ?? null });
     await recordContactEvent(tx, 'contact.updated', toRecord(confirmed!, (await tagsOf(tx, [row.id])).get(row.id) ?? []));
     return { outcome: 'confirmed' as const, organizationName };
   });

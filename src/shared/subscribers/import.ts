@@ -2,7 +2,8 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { newId } from '../ids.js';
 import { cleanFields, cleanTagNames, EmailAddress } from './input.js';
 import { ensureTags } from './service.js';
-import { inTransaction, rows as query } from './sql.js';
+import { inTransaction } from '../db/sql.js';
+import { insertTagPairs, upsertImported } from './queries.js';
 
 /**
  * Bulk import of subscribers (`cli subscribers import FILE.csv`). Semantics are those of
@@ -82,31 +83,11 @@ export async function importBatch(
     const tags = await ensureTags(tx, organizationId, tagNames, now);
     const tagIds = new Map(tags.map((t) => [t.name.toLowerCase(), t.id]));
 
-    const upserted = await query<{ id: string; email: string; inserted: boolean }>(
+    const upserted = await upsertImported(
       tx,
-      `insert into subscribers (id, organization_id, email, name, phone, status, fields, created_at, updated_at)
-       select r.id, ?, r.email, r.name, r.phone, 'SUBSCRIBED', r.fields, ?, ?
-         from jsonb_to_recordset(?::jsonb) as r(id text, email text, name text, phone text, fields jsonb)
-       on conflict (organization_id, email) do update set
-         name = coalesce(excluded.name, subscribers.name),
-         phone = coalesce(excluded.phone, subscribers.phone),
-         fields = subscribers.fields || excluded.fields,
-         status = case subscribers.status
-           when 'UNSUBSCRIBED' then case when ? then 'SUBSCRIBED' else 'UNSUBSCRIBED' end
-           when 'PENDING_CONFIRMATION' then 'SUBSCRIBED'
-           when 'TRANSACTIONAL' then 'SUBSCRIBED'
-           else subscribers.status end,
-         unsubscribed_at = case when subscribers.status = 'UNSUBSCRIBED' and ? then null else subscribers.unsubscribed_at end,
-         updated_at = excluded.updated_at
-       returning id, email, (xmax = 0) as inserted`,
-      [
-        organizationId,
-        now,
-        now,
-        JSON.stringify(rows.map((r) => ({ id: newId('sub'), email: r.email, name: r.name, phone: r.phone, fields: r.fields }))),
-        options.resubscribe,
-        options.resubscribe,
-      ],
+      organizationId,
+      rows.map((r) => ({ id: newId('sub'), email: r.email, name: r.name, phone: r.phone, fields: r.fields })),
+      options,
     );
 
     const idByEmail = new Map(upserted.map((r) => [r.email, r.id]));
@@ -120,13 +101,7 @@ export async function importBatch(
       }
     }
     if (pairs.length > 0) {
-      await query(
-        tx,
-        `insert into subscriber_tags (subscriber_id, tag_id, created_at)
-         select p.s, p.t, ? from jsonb_to_recordset(?::jsonb) as p(s text, t text)
-         on conflict do nothing`,
-        [now, JSON.stringify(pairs)],
-      );
+      await insertTagPairs(tx, pairs, now);
     }
     const created = upserted.filter((r) => r.inserted).length;
     return { created, updated: upserted.length - created };

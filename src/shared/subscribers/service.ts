@@ -6,7 +6,8 @@ import type { QueueProducer } from '../queues/producer.js';
 import { cleanFields, cleanTagNames, normalizeEmail } from './input.js';
 import { byName, toRecord, type SubscriberRecord, type SubscriberRow, type TagRef } from './rows.js';
 import { nextStatus, UNSUBSCRIBABLE } from './states.js';
-import { inTransaction, rows, withConnection, type Db } from './sql.js';
+import { inTransaction, withConnection, type Db } from '../db/sql.js';
+import * as q from './queries.js';
 import type { WorkflowEvent } from './workflow-events.js';
 import { recordContactChange } from '../webhooks/queries.js';
 
@@ -46,15 +47,6 @@ export interface WriteResult {
 }
 
 
-/**
- * Arrays travel as one jsonb parameter (the SQL layer would spread a JS array into a list)
- * and are compared with `= any(array(select ...))`, which the planner turns into an index
- * lookup; `in (select ...)` would scan the whole table.
- */
-function jsonArray(values: readonly string[]): string {
-  return JSON.stringify(values);
-}
-
 function isUniqueViolation(error: unknown): boolean {
   let current = error as { code?: string; cause?: unknown; name?: string } | undefined;
   for (let depth = 0; current && depth < 4; depth++) {
@@ -69,12 +61,7 @@ function isUniqueViolation(error: unknown): boolean {
 /** `:subscriber` of a path: an id or an address (contract 6). Optionally locks the row. */
 export async function findSubscriberRow(em: Db, organizationId: string, ref: string, lock = false): Promise<SubscriberRow | null> {
   const byId = isId(ref, 'sub');
-  const found = await rows<SubscriberRow>(
-    em,
-    `select * from subscribers where organization_id = ? and ${byId ? 'id' : 'email'} = ?${lock ? ' for update' : ''}`,
-    [organizationId, byId ? ref : normalizeEmail(ref)],
-  );
-  return found[0] ?? null;
+  return q.selectSubscriber(em, organizationId, byId ? 'id' : 'email', byId ? ref : normalizeEmail(ref), lock);
 }
 
 async function requireSubscriberRow(em: Db, organizationId: string, ref: string, lock = false): Promise<SubscriberRow> {
@@ -86,12 +73,7 @@ async function requireSubscriberRow(em: Db, organizationId: string, ref: string,
 export async function tagsOf(em: Db, subscriberIds: readonly string[]): Promise<Map<string, TagRef[]>> {
   const result = new Map<string, TagRef[]>(subscriberIds.map((id) => [id, []]));
   if (subscriberIds.length === 0) return result;
-  const found = await rows<{ subscriber_id: string; id: string; name: string }>(
-    em,
-    `select st.subscriber_id, t.id, t.name from subscriber_tags st join tags t on t.id = st.tag_id
-      where st.subscriber_id = any(array(select jsonb_array_elements_text(?::jsonb)))`,
-    [jsonArray(subscriberIds)],
-  );
+  const found = await q.selectTagsOf(em, subscriberIds);
   for (const row of found) result.get(row.subscriber_id)?.push({ id: row.id, name: row.name });
   for (const list of result.values()) list.sort(byName);
   return result;
@@ -112,23 +94,17 @@ export async function getSubscriber(em: EntityManager, organizationId: string, r
 export async function ensureTags(em: Db, organizationId: string, names: readonly string[], now: Date): Promise<TagRef[]> {
   if (names.length === 0) return [];
   const sorted = [...names].sort((a, b) => (a.toLowerCase() < b.toLowerCase() ? -1 : 1));
-  const select = () =>
-    rows<TagRef>(
-      em,
-      `select id, name from tags where organization_id = ? and lower(name) = any(array(select lower(jsonb_array_elements_text(?::jsonb))))`,
-      [organizationId, jsonArray(sorted)],
-    );
+  const select = () => q.selectTagsByName(em, organizationId, sorted);
   // Most writes name tags that exist: one read, and no insert at all.
   const found = await select();
   const have = new Set(found.map((t) => t.name.toLowerCase()));
   const missing = sorted.filter((name) => !have.has(name.toLowerCase()));
   if (missing.length === 0) return found;
-  await rows(
+  await q.insertMissingTags(
     em,
-    `insert into tags (id, organization_id, name, created_at, updated_at)
-     select n.id, ?, n.name, ?, ? from jsonb_to_recordset(?::jsonb) as n(id text, name text, ord int) order by n.ord
-     on conflict (organization_id, lower(name)) do nothing`,
-    [organizationId, now, now, JSON.stringify(missing.map((name, ord) => ({ id: newId('tag'), name, ord })))],
+    organizationId,
+    missing.map((name, ord) => ({ id: newId('tag'), name, ord })),
+    now,
   );
   return select();
 }
@@ -140,37 +116,17 @@ interface TagChanges {
 
 async function attachTags(em: Db, subscriberId: string, tags: readonly TagRef[], now: Date): Promise<TagRef[]> {
   if (tags.length === 0) return [];
-  const inserted = await rows<{ tag_id: string }>(
-    em,
-    `insert into subscriber_tags (subscriber_id, tag_id, created_at)
-     select ?, t, ? from jsonb_array_elements_text(?::jsonb) as t
-     on conflict do nothing returning tag_id`,
-    [subscriberId, now, jsonArray(tags.map((t) => t.id))],
-  );
-  const ids = new Set(inserted.map((r) => r.tag_id));
+  const ids = new Set(await q.insertSubscriberTags(em, subscriberId, tags.map((t) => t.id), now));
   return tags.filter((t) => ids.has(t.id));
 }
 
-async function detachTags(em: Db, subscriberId: string, where: 'keep' | 'drop', tagIds: readonly string[]): Promise<TagRef[]> {
-  return rows<TagRef>(
-    em,
-    `with gone as (
-       delete from subscriber_tags where subscriber_id = ?
-         and ${where === 'keep' ? 'not' : ''} (tag_id = any(array(select jsonb_array_elements_text(?::jsonb))))
-       returning tag_id)
-     select t.id, t.name from gone join tags t on t.id = gone.tag_id`,
-    [subscriberId, jsonArray(tagIds)],
-  );
+function detachTags(em: Db, subscriberId: string, where: 'keep' | 'drop', tagIds: readonly string[]): Promise<TagRef[]> {
+  return q.deleteSubscriberTags(em, subscriberId, where, tagIds);
 }
 
 async function tagIdsByName(em: Db, organizationId: string, names: readonly string[]): Promise<string[]> {
   if (names.length === 0) return [];
-  const found = await rows<{ id: string }>(
-    em,
-    `select id from tags where organization_id = ? and lower(name) = any(array(select lower(jsonb_array_elements_text(?::jsonb))))`,
-    [organizationId, jsonArray(names)],
-  );
-  return found.map((r) => r.id);
+  return q.selectTagIdsByName(em, organizationId, names);
 }
 
 // ---------------------------------------------------------------- writes
@@ -194,15 +150,6 @@ interface Outcome {
   becamePending: boolean;
 }
 
-const INSERT_NEW = `
-  insert into subscribers (id, organization_id, email, name, phone, status, fields, signup_ip, signup_country, created_at, updated_at)
-  select ?, o.id, ?, ?, ?,
-         case when o.double_opt_in and not ? then 'PENDING_CONFIRMATION' else 'SUBSCRIBED' end,
-         ?::jsonb, ?, ?, ?, ?
-    from organizations o where o.id = ?
-  on conflict (organization_id, email) do nothing
-  returning *`;
-
 /**
  * Create-or-upsert, patch, tag changes and unsubscribe: one path, so every write applies
  * the same rules. Concurrent creates of one address are safe: the insert waits for a
@@ -225,20 +172,18 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
       let created = false;
 
       if (operation === 'create') {
-        const inserted = await rows<SubscriberRow>(tx, INSERT_NEW, [
-          newId('sub'),
-          newEmail,
-          input.name ?? null,
-          input.phone ?? null,
-          input.skipDoubleOptIn === true,
-          JSON.stringify(fieldInput.set),
-          input.ipAddress ?? null,
-          input.country ?? null,
-          now,
+        row = await q.insertSubscriber(tx, {
+          id: newId('sub'),
+          email: newEmail,
+          name: input.name ?? null,
+          phone: input.phone ?? null,
+          skipDoubleOptIn: input.skipDoubleOptIn === true,
+          fields: JSON.stringify(fieldInput.set),
+          signupIp: input.ipAddress ?? null,
+          signupCountry: input.country ?? null,
           now,
           organizationId,
-        ]);
-        row = inserted[0];
+        });
         created = row !== undefined;
         if (row) {
           events.push({ name: 'subscriber.created', data: { status: row.status } });
@@ -248,14 +193,12 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
 
       let becamePending = row?.status === 'PENDING_CONFIRMATION';
       if (!row) {
-        const found = await rows<SubscriberRow & { double_opt_in: boolean }>(
+        const existing = await q.lockSubscriberForWrite(
           tx,
-          `select s.*, o.double_opt_in from subscribers s join organizations o on o.id = s.organization_id
-            where s.organization_id = ? and ${operation === 'create' || !isId(request.ref ?? '', 'sub') ? 's.email' : 's.id'} = ?
-            for update of s`,
-          [organizationId, operation === 'create' ? newEmail : isId(request.ref ?? '', 'sub') ? request.ref : normalizeEmail(request.ref ?? '')],
+          organizationId,
+          operation === 'create' || !isId(request.ref ?? '', 'sub') ? 'email' : 'id',
+          operation === 'create' ? newEmail : isId(request.ref ?? '', 'sub') ? request.ref : normalizeEmail(request.ref ?? ''),
         );
-        const existing = found[0];
         if (!existing) {
           if (operation === 'create') throw new Error('organization not found for a subscriber write');
           throw new NotFoundError(`No subscriber ${request.ref}`);
@@ -280,7 +223,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
       for (const tag of changes.added.sort(byName)) events.push({ name: 'subscriber.tag_added', data: { tag } });
       for (const tag of changes.removed.sort(byName)) events.push({ name: 'subscriber.tag_removed', data: { tag } });
       if ((changes.added.length > 0 || changes.removed.length > 0) && new Date(row.updated_at).getTime() !== now.getTime()) {
-        row = (await rows<SubscriberRow>(tx, 'update subscribers set updated_at = ? where id = ? returning *', [now, row.id]))[0];
+        row = await q.touchSubscriber(tx, row.id, now);
       }
 
       // A new row has exactly the tags just attached; an existing one is read back.
@@ -292,6 +235,8 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
         ...events.filter((e) => e.name !== 'subscriber.field_updated'),
         ...fieldEvents.sort((a, b) => String(a.data.field).localeCompare(String(b.data.field))),
       ];
+      // The confirmation email is owed from this commit on, whatever happens to its job.
+      if (becamePending) await q.insertConfirmationDue(tx, row.id, now);
       return { row, tags, events: ordered, becamePending };
     }, { asyncCommit: ASYNC_COMMIT });
   } catch (error) {
@@ -316,11 +261,9 @@ async function updateExisting(
   events: WorkflowEvent[],
 ): Promise<{ row: SubscriberRow; becamePending: boolean }> {
   const { input, operation } = request;
-  const sets: string[] = [];
-  const params: unknown[] = [];
-  const set = (column: string, value: unknown, cast = '') => {
-    sets.push(`${column} = ?${cast}`);
-    params.push(value);
+  const sets: Array<{ column: q.SubscriberColumn; value: unknown; cast?: '::jsonb' }> = [];
+  const set = (column: q.SubscriberColumn, value: unknown, cast?: '::jsonb') => {
+    sets.push({ column, value, cast });
   };
 
   const status: SubscriberStatus = request.unsubscribe
@@ -345,8 +288,7 @@ async function updateExisting(
 
   const changed: string[] = [];
   if (operation === 'patch' && newEmail !== undefined && newEmail !== existing.email) {
-    const taken = await rows(tx, 'select 1 from subscribers where organization_id = ? and email = ?', [existing.organization_id, newEmail]);
-    if (taken.length > 0) {
+    if (await q.emailTaken(tx, existing.organization_id, newEmail)) {
       throw new ValidationError('Another subscriber already has this address', [{ path: 'email', message: 'is already taken' }]);
     }
     set('email', newEmail);
@@ -382,11 +324,16 @@ async function updateExisting(
 
   if (sets.length === 0) return { row: existing, becamePending: false };
   set('updated_at', now);
-  const updated = await rows<SubscriberRow>(tx, `update subscribers set ${sets.join(', ')} where id = ? returning *`, [...params, existing.id]);
-  return { row: updated[0], becamePending: status === 'PENDING_CONFIRMATION' && existing.status !== 'PENDING_CONFIRMATION' };
+  const updated = await q.updateSubscriber(tx, existing.id, sets);
+  return { row: updated, becamePending: status === 'PENDING_CONFIRMATION' && existing.status !== 'PENDING_CONFIRMATION' };
 }
 
-/** Jobs of a committed write: the confirmation email, then the workflow events in order. */
+/**
+ * Jobs of a committed write: the confirmation email, then the workflow events in order. A
+ * confirmation whose job is lost here (Redis failed after the commit) is enqueued again by
+ * the subscribers reconciler (workers/subscribers.ts), from the row written in the write's
+ * transaction.
+ */
 async function afterCommit(deps: AudienceDeps, organizationId: string, outcome: Outcome, triggerWorkflows: boolean, now: Date): Promise<void> {
   if (outcome.becamePending) {
     await deps.producer.add('subscribers', {
@@ -460,40 +407,21 @@ export interface ListSubscribersQuery {
 export async function listSubscribers(
   em: EntityManager,
   organizationId: string,
-  q: ListSubscribersQuery,
+  query: ListSubscribersQuery,
 ): Promise<{ items: SubscriberRecord[]; hasMore: boolean }> {
-  return withConnection(em, (sql) => listOn(sql, organizationId, q));
+  return withConnection(em, (sql) => listOn(sql, organizationId, query));
 }
 
-async function listOn(em: Db, organizationId: string, q: ListSubscribersQuery): Promise<{ items: SubscriberRecord[]; hasMore: boolean }> {
-  const where = ['s.organization_id = ?'];
-  const params: unknown[] = [organizationId];
-  if (q.after) {
-    where.push('s.id < ?');
-    params.push(q.after);
-  }
-  if (q.status) {
-    where.push('s.status = ?');
-    params.push(q.status);
-  }
-  if (q.tag !== undefined) {
-    const [tagId] = await tagIdsByName(em, organizationId, [q.tag.trim()]);
+async function listOn(em: Db, organizationId: string, query: ListSubscribersQuery): Promise<{ items: SubscriberRecord[]; hasMore: boolean }> {
+  let tagId: string | undefined;
+  if (query.tag !== undefined) {
+    [tagId] = await tagIdsByName(em, organizationId, [query.tag.trim()]);
     if (!tagId) return { items: [], hasMore: false };
-    where.push('exists (select 1 from subscriber_tags st where st.subscriber_id = s.id and st.tag_id = ?)');
-    params.push(tagId);
   }
-  if (q.query) {
-    const pattern = `%${q.query.replace(/[\\%_]/g, '\\$&')}%`;
-    where.push(`(s.email like ? or s.name ilike ?)`);
-    params.push(pattern.toLowerCase(), pattern);
-  }
-  const found = await rows<SubscriberRow>(
-    em,
-    `select s.* from subscribers s where ${where.join(' and ')} order by s.id desc limit ?`,
-    [...params, q.limit + 1],
-  );
-  const hasMore = found.length > q.limit;
-  const page = hasMore ? found.slice(0, q.limit) : found;
+  const pattern = query.query ? `%${query.query.replace(/[\\%_]/g, '\\$&')}%` : undefined;
+  const found = await q.selectSubscriberPage(em, organizationId, { after: query.after, status: query.status, tagId, pattern }, query.limit + 1);
+  const hasMore = found.length > query.limit;
+  const page = hasMore ? found.slice(0, query.limit) : found;
   const tags = await tagsOf(em, page.map((r) => r.id));
   return { items: page.map((r) => toRecord(r, tags.get(r.id) ?? [])), hasMore };
 }

@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis';
 import { redisKey } from '../container.js';
 import type { Config } from '../config.js';
 import { NotFoundError } from '../errors.js';
+import { deleteToken } from './queries.js';
 
 /**
  * The Redis channel on which a change to an organization's tokens (one minted, one
@@ -34,13 +35,7 @@ export async function announceTokenChange(
  * can never match again.
  */
 export async function revokeToken(em: EntityManager, organizationId: string | null, tokenId: string): Promise<{ id: string; organizationId: string }> {
-  const rows = await em.execute<Array<{ id: string; organization_id: string }>>(
-    organizationId === null
-      ? 'delete from api_tokens where id = ? returning id, organization_id'
-      : 'delete from api_tokens where id = ? and organization_id = ? returning id, organization_id',
-    organizationId === null ? [tokenId] : [tokenId, organizationId],
-  );
-  const row = rows[0];
+  const row = await deleteToken(em, organizationId, tokenId);
   if (!row) throw new NotFoundError(`No token ${tokenId}`);
   return { id: row.id, organizationId: row.organization_id };
 }

@@ -3,6 +3,7 @@ import { randomHex, sha256Hex, type SecretBox } from '../crypto.js';
 import { ApiToken } from '../db/entities/index.js';
 import { PermissionError, ValidationError } from '../errors.js';
 import { newId } from '../ids.js';
+import { lockForTransaction } from '../db/queries.js';
 import { holdsAll, normalizePermissions, PRESETS, type Permission, type Preset } from './permissions.js';
 
 export const TOKEN_PREFIX = 'svc_';
@@ -76,7 +77,7 @@ export async function createToken(
   return em.transactional(async (tx) => {
     if (input.reuseIfExists ?? true) {
       // Serialises concurrent "reuse or mint" calls for one name, so they agree on one token.
-      await tx.execute('select pg_advisory_xact_lock(hashtextextended(?, 0))', [`token:${caller.organizationId}:${input.name}`]);
+      await lockForTransaction(tx, `token:${caller.organizationId}:${input.name}`);
       const existing = await tx.findOne(
         ApiToken,
         { organizationId: caller.organizationId, name: input.name },
@@ -91,7 +92,7 @@ export async function createToken(
     }
     if (Number.isFinite(maxTokens)) {
       // One organization's token creations in turn, so concurrent ones cannot pass the cap together.
-      await tx.execute('select pg_advisory_xact_lock(hashtextextended(?, 0))', [`token-cap:${caller.organizationId}`]);
+      await lockForTransaction(tx, `token-cap:${caller.organizationId}`);
       const count = await tx.count(ApiToken, { organizationId: caller.organizationId });
       if (count >= maxTokens) {
         throw new ValidationError(

@@ -3,6 +3,8 @@ import { hash, verify } from 'argon2';
 import { z } from 'zod';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { newId } from '../ids.js';
+import { organizationExists } from '../organizations/queries.js';
+import { insertUser, selectUser, selectUserWithHash, selectUsersOf } from './queries.js';
 
 /** A person of an organization who signs in to the dashboard (contract 16 and 20). */
 export interface User {
@@ -38,37 +40,21 @@ export async function createUser(em: EntityManager, input: { organizationId: str
     const message = `must be ${PASSWORD_MIN} to ${PASSWORD_MAX} characters`;
     throw new ValidationError(`password: ${message}`, [{ path: 'password', message }]);
   }
-  const org = await em.execute<{ id: string }[]>('select id from organizations where id = ?', [input.organizationId], 'all');
-  if (org.length === 0) throw new NotFoundError(`No organization ${input.organizationId}`);
+  if (!(await organizationExists(em, input.organizationId))) throw new NotFoundError(`No organization ${input.organizationId}`);
   const passwordHash = await hash(input.password);
-  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date }[]>(
-    `insert into users (id, organization_id, email, password_hash) values (?, ?, ?, ?)
-     on conflict (email) do nothing returning id, organization_id, email, created_at`,
-    [newId('usr'), input.organizationId, email, passwordHash],
-    'all',
-  );
-  if (rows.length === 0) throw new ValidationError(`email: a user ${email} already exists`, [{ path: 'email', message: 'already taken' }]);
-  return toUser(rows[0]!);
+  const row = await insertUser(em, { id: newId('usr'), organizationId: input.organizationId, email, passwordHash });
+  if (!row) throw new ValidationError(`email: a user ${email} already exists`, [{ path: 'email', message: 'already taken' }]);
+  return toUser(row);
 }
 
 export async function listUsers(em: EntityManager, organizationId: string): Promise<User[]> {
-  const org = await em.execute<{ id: string }[]>('select id from organizations where id = ?', [organizationId], 'all');
-  if (org.length === 0) throw new NotFoundError(`No organization ${organizationId}`);
-  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date }[]>(
-    'select id, organization_id, email, created_at from users where organization_id = ? order by id',
-    [organizationId],
-    'all',
-  );
-  return rows.map(toUser);
+  if (!(await organizationExists(em, organizationId))) throw new NotFoundError(`No organization ${organizationId}`);
+  return (await selectUsersOf(em, organizationId)).map(toUser);
 }
 
 export async function findUser(em: EntityManager, id: string): Promise<User | null> {
-  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date }[]>(
-    'select id, organization_id, email, created_at from users where id = ?',
-    [id],
-    'all',
-  );
-  return rows[0] ? toUser(rows[0]) : null;
+  const row = await selectUser(em, id);
+  return row ? toUser(row) : null;
 }
 
 // Verified against when the address is unknown, so that an unknown address costs as long
@@ -78,12 +64,7 @@ let decoyHash: Promise<string> | undefined;
 /** The user whose address and password these are, or null. */
 export async function checkPassword(em: EntityManager, email: string, password: string): Promise<User | null> {
   if (password.length > PASSWORD_MAX) return null;
-  const rows = await em.execute<{ id: string; organization_id: string; email: string; created_at: Date; password_hash: string }[]>(
-    'select id, organization_id, email, created_at, password_hash from users where email = ?',
-    [normalizeUserEmail(email)],
-    'all',
-  );
-  const row = rows[0];
+  const row = await selectUserWithHash(em, normalizeUserEmail(email));
   if (!row) {
     decoyHash ??= hash('decoy password, never a real one');
     await verify(await decoyHash, password).catch(() => false);

@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import { upsertHistory } from './queries.js';
 import { parseAddress } from './syntax.js';
 
 /**
@@ -25,17 +26,10 @@ function normalize(email: string): { email: string; domain: string } {
 
 async function record(em: EntityManager, email: string, column: HistoryOutcome | 'suppressed', at: Date, value?: boolean): Promise<void> {
   const { email: key, domain } = normalize(email);
-  const set = column === 'suppressed' ? '?' : `greatest(verification_history.${column}, ?::timestamptz)`;
-  const bound = column === 'suppressed' ? (value ?? true) : at;
   // Through the EntityManager, so that inside a transaction (the delivery-feedback recorder)
   // the write joins it: the connection's own execute takes a second pooled connection, which
   // under concurrent events left every pooled connection waiting for another.
-  await em.execute(
-    `insert into verification_history (email, domain, ${column}, updated_at) values (?, ?, ?, ?)
-     on conflict (email) do update set ${column} = ${set}, updated_at = excluded.updated_at`,
-    [key, domain, bound, at, bound],
-    'run',
-  );
+  await upsertHistory(em, { email: key, domain, column, at, value });
 }
 
 /** A permanent failure (5.x.x) for this address. */

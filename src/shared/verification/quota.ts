@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { NotFoundError } from '../errors.js';
+import { selectQuota } from './queries.js';
 import { monthOf } from './verify.js';
 
 /** The organization's verification quota this UTC month, read without taking any (spec 4.3 rule 10). */
@@ -9,14 +10,7 @@ export async function readVerificationQuota(
   now: Date,
 ): Promise<{ limit: number; used: number; remaining: number; resetsAt: Date }> {
   const { month, resetsAt } = monthOf(now);
-  const rows = await em.execute<{ limit: number; used: number | null }[]>(
-    `select o.verify_quota as limit, q.used from organizations o
-       left join verification_quotas q on q.organization_id = o.id and q.month = ?::date
-      where o.id = ?`,
-    [month, organizationId],
-    'all',
-  );
-  const row = rows[0];
+  const row = await selectQuota(em, organizationId, month);
   if (!row) throw new NotFoundError(`No organization ${organizationId}`);
   const limit = Number(row.limit);
   const used = Math.min(Number(row.used ?? 0), limit);

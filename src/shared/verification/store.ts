@@ -2,6 +2,7 @@ import type { Connection } from '@mikro-orm/core';
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { MicroBatcher } from './batcher.js';
 import { RECURRING_BOUNCES, type HistoryRow } from './history.js';
+import { ensureQuotaRow, insertVerifications, takeQuotaAndReadHistory, type Row } from './queries.js';
 // The catch-all row of a domain is `*@domain` (history.ts domainRowKey).
 
 /**
@@ -39,8 +40,6 @@ export interface StoredVerification {
   createdAt: Date;
 }
 
-type Row = Record<string, unknown>;
-const ASYNC_COMMIT = `select set_config('synchronous_commit', 'off', true)`;
 const toDate = (v: unknown): Date | null => (v === null || v === undefined ? null : new Date(v as string));
 
 function toHistory(row: Row): HistoryRow {
@@ -95,10 +94,6 @@ export class VerificationStore {
     return this.saves.run(row);
   }
 
-  private async execute(sql: string, params: unknown[]): Promise<Row[]> {
-    return this.connection().execute<Row[]>(sql, params);
-  }
-
   private async flushBegin(items: BeginInput[]): Promise<BeginResult[]> {
     const groups = new Map<string, number[]>();
     items.forEach((item, i) => {
@@ -110,47 +105,18 @@ export class VerificationStore {
       [...groups.entries()].map(async ([key, indexes]) => {
         const [organizationId, month] = key.split('|') as [string, string];
         if (!this.ensured.has(key)) {
-          await this.execute(
-            `insert into verification_quotas (organization_id, month, used) select id, ?::date, 0 from organizations where id = ?
-             on conflict (organization_id, month) do nothing`,
-            [month, organizationId],
-          );
+          await ensureQuotaRow(this.connection(), organizationId, month);
           if (this.ensured.size >= ENSURED_MAX) this.ensured.clear();
           this.ensured.add(key);
         }
         const lookups = indexes.filter((i) => items[i]!.email).map((i) => ({ i, email: items[i]!.email, domain: items[i]!.domain }));
-        // Atomic: the row is locked (FOR UPDATE) and read at its latest version, then takes
-        // as many units as are left, up to the batch size. `used` never exceeds the limit,
-        // and never goes down when the limit was lowered below it.
-        const rows = await this.execute(
-          `with ac as (${ASYNC_COMMIT}),
-           cur as (
-             select v.used, o.verify_quota as lim from verification_quotas v join organizations o on o.id = v.organization_id
-             where v.organization_id = ? and v.month = ?::date for update of v
-           ),
-           upd as (
-             update verification_quotas q set used = greatest(q.used, least(q.used + ?, cur.lim))
-             from cur, ac
-             where q.organization_id = ? and q.month = ?::date
-             returning cur.used as old_used, q.used as new_used, cur.lim
-           ),
-           hist as (
-             select e.i, h.email as history_email, h.hard_bounced_at, h.complained_at, h.suppressed, h.mailbox_full_at,
-                    h.mailbox_not_found_at, h.proven_at, c.proven_at as catch_all_at,
-                    (select count(*) from (
-                       select 1 from verification_history b
-                       where b.domain = e.domain and b.email <> e.email and b.email not like '*@%'
-                         and (b.hard_bounced_at is not null or b.mailbox_not_found_at is not null)
-                       limit ${RECURRING_BOUNCES}) d) as domain_bad
-             from json_to_recordset(?::json) as e(i int, email text, domain text)
-             left join verification_history h on h.email = e.email
-             left join verification_history c on c.email = '*@' || e.domain
-           )
-           select upd.old_used, upd.new_used, upd.lim, (select json_agg(hist) from hist) as history
-           from upd`,
-          [organizationId, month, indexes.length, organizationId, month, JSON.stringify(lookups)],
-        );
-        const row = rows[0];
+        const row = await takeQuotaAndReadHistory(this.connection(), {
+          organizationId,
+          month,
+          units: indexes.length,
+          lookups,
+          recurringBounces: RECURRING_BOUNCES,
+        });
         const limit = Number(row?.lim ?? 0);
         const oldUsed = Number(row?.old_used ?? 0);
         const newUsed = Number(row?.new_used ?? 0);
@@ -171,30 +137,23 @@ export class VerificationStore {
   }
 
   private async flushSaves(items: StoredVerification[]): Promise<void[]> {
-    await this.execute(
-      `with ac as (${ASYNC_COMMIT})
-       insert into email_verifications (id, organization_id, email, result, accept, status, score, suggestion, traits, issues, retry_at, cache_hit, created_at)
-       select r.id, r.organization_id, r.email, r.result, r.accept, r.status, r.score, r.suggestion, r.traits, r.issues, r.retry_at, r.cache_hit, r.created_at
-       from ac, json_populate_recordset(null::email_verifications, ?::json) r`,
-      [
-        JSON.stringify(
-          items.map((v) => ({
-            id: v.id,
-            organization_id: v.organizationId,
-            email: v.email,
-            result: v.result,
-            accept: v.accept,
-            status: v.status,
-            score: v.score,
-            suggestion: v.suggestion,
-            traits: v.traits,
-            issues: v.issues,
-            retry_at: v.retryAt,
-            cache_hit: v.cacheHit,
-            created_at: v.createdAt,
-          })),
-        ),
-      ],
+    await insertVerifications(
+      this.connection(),
+      items.map((v) => ({
+        id: v.id,
+        organization_id: v.organizationId,
+        email: v.email,
+        result: v.result,
+        accept: v.accept,
+        status: v.status,
+        score: v.score,
+        suggestion: v.suggestion,
+        traits: v.traits,
+        issues: v.issues,
+        retry_at: v.retryAt,
+        cache_hit: v.cacheHit,
+        created_at: v.createdAt,
+      })),
     );
     return new Array<void>(items.length);
   }

@@ -1,0 +1,109 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { QueueProducer } from '../src/shared/queues/producer.js';
+import { createRedis, waitForRedis } from '../src/shared/redis.js';
+import { createSubscriber } from '../src/shared/subscribers/service.js';
+import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { subscribersProcessor } from '../src/workers/subscribers.js';
+import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+/**
+ * Issue 16 item 5: the confirmation email of double opt-in survives a Redis failure after
+ * the subscriber's commit, as an email does (the reconciler enqueues it again).
+ */
+
+let ctx: TestContext;
+let organizationId: string;
+let workers: RunningWorkers;
+let connection: ReturnType<typeof createRedis>;
+
+beforeAll(async () => {
+  ctx = await createTestContext({ PUBLIC_URL: 'https://mail.example.test' });
+  await waitForRedis(ctx.services.redis);
+  ({ organizationId } = await createOrg(ctx.services, { name: 'Acme News', doubleOptIn: true }));
+  connection = createRedis(ctx.services.config.redisUrl, 'worker');
+  workers = await startWorkers(ctx.services, connection, [subscribersProcessor]);
+});
+afterAll(async () => {
+  await workers?.close();
+  connection?.disconnect();
+  await ctx?.close();
+});
+
+/** The service's producer, except that every enqueue fails as with Redis down. */
+function producerWithRedisDown(): QueueProducer {
+  const producer = Object.create(ctx.services.producer) as QueueProducer;
+  const down = async () => {
+    throw new Error('Connection is closed.');
+  };
+  producer.add = down;
+  producer.addBulk = down;
+  return producer;
+}
+
+async function finishedJob(id: string, timeoutMs = 10_000) {
+  const queue = ctx.services.producer.queue('subscribers');
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    // One read of the job: its finish time and return value come together.
+    const job = await queue.getJob(id);
+    if (job?.finishedOn && !job.failedReason) return job;
+    if (Date.now() > deadline) return undefined;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+function sql<T>(text: string, params: unknown[] = []): Promise<T[]> {
+  return ctx.services.orm.em.fork().execute(text, params) as Promise<T[]>;
+}
+
+async function reconcile(): Promise<{ requeued: number }> {
+  const jobId = `reconcile-test-${Date.now()}`;
+  await ctx.services.producer.add('subscribers', { name: 'reconcile', data: {}, jobId });
+  const job = await finishedJob(jobId);
+  return job!.returnvalue as { requeued: number };
+}
+
+describe('double opt-in: a confirmation whose job is lost after the commit', () => {
+  it('is enqueued again by the subscribers reconciler and handed to the send pipeline', async () => {
+    const deps = { em: ctx.services.orm.em.fork(), producer: producerWithRedisDown(), clock: () => new Date() };
+    // The write commits, then the enqueue fails: the caller hears of the outage.
+    await expect(createSubscriber(deps, organizationId, { email: 'lost-job@example.com', name: 'Lou' })).rejects.toThrow(/closed/);
+    const [subscriber] = await sql<{ id: string; status: string }>('select id, status from subscribers where email = ?', ['lost-job@example.com']);
+    expect(subscriber?.status).toBe('PENDING_CONFIRMATION');
+    expect(await ctx.services.producer.queue('subscribers').getJob(`confirm-${subscriber!.id}`)).toBeUndefined();
+
+    // Within the grace period the reconciler leaves it to its (maybe still coming) job.
+    expect((await reconcile()).requeued).toBe(0);
+
+    await sql(`update subscriber_confirmations set created_at = now() - interval '5 minutes' where subscriber_id = ?`, [subscriber!.id]);
+    // (The scheduled run of the reconciler may have come first: either way one job is made.)
+    expect((await reconcile()).requeued).toBeLessThanOrEqual(1);
+    const job = await finishedJob(`confirm-${subscriber!.id}`);
+    const { emailId, skipped } = job!.returnvalue as { emailId: string; skipped: boolean };
+    expect(skipped).toBe(false);
+    const [email] = await sql<{ to_address: string; subscriber_id: string; status: string }>(
+      'select to_address, subscriber_id, status from emails where id = ?',
+      [emailId],
+    );
+    expect(email).toMatchObject({ to_address: 'lost-job@example.com', subscriber_id: subscriber!.id, status: 'queued' });
+
+    // Handed over: no longer owed, and the reconciler has nothing left to do.
+    expect(await sql('select 1 from subscriber_confirmations where subscriber_id = ?', [subscriber!.id])).toHaveLength(0);
+    expect((await reconcile()).requeued).toBe(0);
+  });
+
+  it('is owed only until its job has run when Redis is up', async () => {
+    const deps = { em: ctx.services.orm.em.fork(), producer: ctx.services.producer, clock: () => new Date() };
+    const { subscriber } = await createSubscriber(deps, organizationId, { email: 'fine@example.com' });
+    expect(subscriber.status).toBe('PENDING_CONFIRMATION');
+    await finishedJob(`confirm-${subscriber.id}`);
+    expect(await sql('select 1 from subscriber_confirmations where subscriber_id = ?', [subscriber.id])).toHaveLength(0);
+  });
+
+  it('is not owed by a subscriber created SUBSCRIBED', async () => {
+    const deps = { em: ctx.services.orm.em.fork(), producer: ctx.services.producer, clock: () => new Date() };
+    const { subscriber } = await createSubscriber(deps, organizationId, { email: 'direct@example.com', skipDoubleOptIn: true });
+    expect(subscriber.status).toBe('SUBSCRIBED');
+    expect(await sql('select 1 from subscriber_confirmations where subscriber_id = ?', [subscriber.id])).toHaveLength(0);
+  });
+});
