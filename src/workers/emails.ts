@@ -1,8 +1,5 @@
 import { DelayedError } from 'bullmq';
-import type { Services } from '../shared/container.js';
-import { DeliveryStore, deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
-import { HandoverFence } from '../shared/emails/handover.js';
-import { sendGateOf } from '../shared/outcomes/send-gate.js';
+import { deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
 import { purgeIdempotencyKeys, queueForSource, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
@@ -46,8 +43,8 @@ export function throttleDelay(throttled: number): number {
   return Math.round(ceiling / 2 + Math.random() * (ceiling / 2));
 }
 
-// `send-batch` expansions run a few at a time in a process, in chunks: a campaign's fan-out
-// brings a hundred batches at once, and expanding them all together would queue 100,000 job
+// `send-batch` expansions run a few at a time in a process (four: services.sendBatchExpansions,
+// container.ts), in chunks: a campaign's fan-out brings a hundred batches at once, and expanding them all together would queue 100,000 job
 // additions on the producer's connection, whose commands time out after 3 s (then the
 // worker pauses as if Redis were down).
 //
@@ -59,38 +56,11 @@ export function throttleDelay(throttled: number): number {
 // other) while the sends they made queue behind the remaining batches: a backlog of
 // 2,500 batches then delivered about 1 email in 20 until every batch was expanded.
 const EXPAND_CHUNK = 250;
-const EXPAND_PARALLEL = 4;
 const EXPANDED_SEND_PRIORITY = 1;
-let expanding = 0;
-const expandWaiters: (() => void)[] = [];
-async function fewAtATime<T>(task: () => Promise<T>): Promise<T> {
-  while (expanding >= EXPAND_PARALLEL) await new Promise<void>((resolve) => expandWaiters.push(resolve));
-  expanding++;
-  try {
-    return await task();
-  } finally {
-    expanding--;
-    expandWaiters.shift()?.();
-  }
-}
 
 function expandedSendJob(emailId: string) {
   const job = sendJob(emailId);
   return { ...job, opts: { ...job.opts, priority: EXPANDED_SEND_PRIORITY } };
-}
-
-// One store (and its group commits) per process's services, made on first use.
-const stores = new WeakMap<Services, DeliveryStore>();
-function storeOf(services: Services): DeliveryStore {
-  let store = stores.get(services);
-  if (!store) {
-    store = new DeliveryStore(services.orm, new HandoverFence(services.redis, services.config.redisPrefix), sendGateOf(services), {
-      signer: services.signer,
-      publicUrl: services.config.publicUrl,
-    });
-    stores.set(services, store);
-  }
-  return store;
 }
 
 /**
@@ -120,7 +90,7 @@ async function send(payload: { emailId: string; throttled?: number }, ctx: JobCo
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
   try {
     // Suppressed recipients are failed by the claim and never handed over (send-gate.ts).
-    const result = await deliverEmail(storeOf(ctx.services), ctx.services.mailer, payload.emailId, {
+    const result = await deliverEmail(ctx.services.deliveryStore, ctx.services.mailer, payload.emailId, {
       finalAttempt,
       // The job's logger is made only if something is logged.
       get log() {
@@ -158,14 +128,14 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
     handlers: {
       send,
       'send-batch': (payload, ctx) =>
-        fewAtATime(async () => {
+        ctx.services.sendBatchExpansions(async () => {
           for (let i = 0; i < payload.emailIds.length; i += EXPAND_CHUNK) {
             await ctx.services.producer.addBulk(queue, payload.emailIds.slice(i, i + EXPAND_CHUNK).map(expandedSendJob));
           }
           return { enqueued: payload.emailIds.length };
         }),
       reconcile: async (_payload, ctx) => {
-        const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs, storeOf(ctx.services).fence);
+        const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs, ctx.services.deliveryStore.fence);
         const graceMs = options.reconcileGraceMs ?? ctx.services.config.emailReconcileGraceMs ?? o.reconcileGraceMs;
         if (interrupted > 0) ctx.log.warn({ interrupted }, 'failed emails interrupted mid hand-over');
         let afterId: string | undefined;

@@ -45,6 +45,7 @@ export class ContentTooLargeError extends Error {
   }
 }
 
+// Configured once and holding no state between parses: shared by every render.
 const marked = new Marked({ gfm: true, breaks: false, async: false });
 
 export function markdownToHtml(markdown: string): string {
