@@ -102,7 +102,9 @@ export async function spawnService(script: string, env: Record<string, string>, 
     built = true;
   }
   const entry = process.env.BENCH_TSX ? ['--import', 'tsx', script] : [script.replace(/^src\//, 'dist/').replace(/\.ts$/, '.js')];
-  const child = spawn(process.execPath, [...profile, ...entry], {
+  // BENCH_NODE_FLAGS: extra node flags for the services (e.g. `--heap-prof`, heap limits).
+  const flags = process.env.BENCH_NODE_FLAGS ? process.env.BENCH_NODE_FLAGS.split(/\s+/).filter(Boolean) : [];
+  const child = spawn(process.execPath, [...profile, ...flags, ...entry], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'inherit', 'inherit'],
   });

@@ -4,7 +4,7 @@ import { Agent, request } from 'undici';
 import { newEmailFromBody, SendEmailBody } from '../src/shared/emails/input.js';
 import { insertEmails, sendJob } from '../src/shared/emails/service.js';
 import { createOrganization } from '../src/shared/organizations/service.js';
-import { recordEmailEvents } from '../src/shared/webhooks/outbox.js';
+import { recordEmailEvents } from '../src/shared/webhooks/queries.js';
 import { createWebhook } from '../src/shared/webhooks/service.js';
 import { webhookHeaders } from '../src/shared/webhooks/signer.js';
 import { createBenchEnv, fmt, spawnService, stop } from './harness.js';

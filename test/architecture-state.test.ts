@@ -21,7 +21,7 @@ const IMMUTABLE: Record<string, string> = {
   'src/shared/verification/typos.ts:COM_TYPOS': 'a fixed list',
   'src/shared/dependency-errors.ts:CONNECTION_CODES': 'a fixed list',
   'src/shared/emails/transport.ts:THROTTLE_CODES': 'a fixed list',
-  'src/shared/emails/accept.ts:JSONB': 'a fixed list of columns',
+  'src/shared/emails/queries.ts:JSONB': 'a fixed list of columns',
   'src/shared/emails/render.ts:STYLED_TAGS': 'the keys of a constant',
   'src/shared/bounces/report.ts:DAEMON_LOCAL_PARTS': 'a fixed list',
   'src/shared/domains/verification.ts:REQUIRED': 'a fixed list',

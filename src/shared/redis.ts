@@ -20,6 +20,9 @@ export function createRedis(url: string, role: 'producer' | 'worker'): Redis {
     role === 'producer'
       ? // commandTimeout: a Redis that accepts the connection but answers nothing (a hung
         // host, a full network buffer) is a 503 after this long, not a request that hangs.
+        // No auto-pipelining: the hand-over fence (emails/handover.ts) relies on its `dot:`
+        // record being written to the socket in the turn that releases the final `.`;
+        // auto-pipelining defers it to a later turn (a SIGKILL in between sent emails twice).
         { ...common, enableOfflineQueue: false, maxRetriesPerRequest: 1, commandTimeout: PRODUCER_COMMAND_TIMEOUT_MS }
       : { ...common, enableOfflineQueue: true, maxRetriesPerRequest: null };
   return new Redis(url, options);

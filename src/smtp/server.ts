@@ -7,7 +7,7 @@ import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { isAddress } from '../shared/emails/addresses.js';
 import { readSubmittedMessage } from '../shared/submission/message.js';
 import { replies, SmtpReplyError } from '../shared/submission/reply.js';
-import { storeSubmission } from '../shared/submission/store.js';
+import { storeSubmission } from '../shared/submission/queries.js';
 import { holds } from '../shared/tokens/permissions.js';
 import type { Caller } from '../shared/tokens/service.js';
 

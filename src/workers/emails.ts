@@ -89,7 +89,7 @@ async function send(payload: { emailId: string; throttled?: number }, ctx: JobCo
   const { job } = ctx;
   const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
   try {
-    // Suppressed recipients are failed by the claim and never handed over (send-gate.ts).
+    // Suppressed recipients are failed by the claim and never handed over (the claim in emails/queries.ts).
     const result = await deliverEmail(ctx.services.deliveryStore, ctx.services.mailer, payload.emailId, {
       finalAttempt,
       // The job's logger is made only if something is logged.

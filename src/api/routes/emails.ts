@@ -5,7 +5,7 @@ import { assertSendingAllowed } from '../../shared/domains/sending-policy.js';
 import { SendEmailBody, newEmailFromBody } from '../../shared/emails/input.js';
 import { LAST_EVENTS, lastEvent } from '../../shared/emails/last-event.js';
 import { createEmails, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
-import { listAttachments, type AttachmentSummary } from '../../shared/submission/store.js';
+import { listAttachments, type AttachmentSummary } from '../../shared/submission/queries.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 

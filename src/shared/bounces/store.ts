@@ -1,6 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { monotonicFactory } from 'ulid';
-import { TO_ADDRESS_SQL } from '../outcomes/send-gate.js';
 
 /**
  * Data access of the inbound reports (table `inbound_reports`): the listener stores what it
@@ -83,7 +82,7 @@ export interface ReportEmail {
   has_copies: boolean;
 }
 
-const EMAIL_COLUMNS = `e.id, e.organization_id, e.message_id, e.from_address, ${TO_ADDRESS_SQL} as address,
+const EMAIL_COLUMNS = `e.id, e.organization_id, e.message_id, e.from_address, email_bare_address(e.to_address) as address,
   (coalesce(jsonb_array_length(e.cc), 0) + coalesce(jsonb_array_length(e.bcc), 0)) > 0 as has_copies`;
 
 export async function emailsById(em: EntityManager, ids: string[]): Promise<Map<string, ReportEmail>> {

@@ -10,7 +10,7 @@ import { recipientWhere } from './filters.js';
 import { CAMPAIGN_JOB_OPTIONS, formatFrom } from './service.js';
 import { assertTransition } from './state.js';
 import { sendingPolicyProblem, type PolicyConfig } from '../domains/sending-policy.js';
-import { recordCampaignSent } from '../webhooks/outbox.js';
+import { recordCampaignSent } from '../webhooks/queries.js';
 
 /**
  * The fan-out of a campaign (contract 8), resumable (STYLE 10). The campaign's message is

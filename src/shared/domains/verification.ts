@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { Domain, type DomainDnsRecord, type DomainStatus } from '../db/entities/index.js';
 import type { DnsLookup } from '../dns/types.js';
 import { parseTags } from './records.js';
-import { recordDomainStatus } from '../webhooks/outbox.js';
+import { recordDomainStatus } from '../webhooks/queries.js';
 
 const MINUTE = 60_000;
 const HOUR = 60 * MINUTE;

@@ -1,7 +1,8 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { ConflictError } from '../errors.js';
 import { newId } from '../ids.js';
-import { withConnection, type Sql } from '../subscribers/sql.js';
+import type { Sql } from '../subscribers/sql.js';
+import { IDEMPOTENCY_TTL_HOURS, insertEmailRows, insertKeyedEmails } from './queries.js';
 import type { NewEmail } from './input.js';
 
 /**
@@ -45,94 +46,7 @@ export type AcceptResult = { ok: CreatedEmails } | { error: unknown };
 
 // How long a request waits for an earlier one with the same key to finish before 409.
 export const IDEMPOTENCY_WAIT_MS = 5_000;
-export const IDEMPOTENCY_TTL_HOURS = 24;
-
-const COLUMNS = [
-  'id',
-  'organization_id',
-  'source',
-  'campaign_id',
-  'subscriber_id',
-  'from_address',
-  'to_address',
-  'cc',
-  'bcc',
-  'reply_to',
-  'subject',
-  'content_kind',
-  'content',
-  'preview',
-  'text',
-  'tags',
-  'headers',
-] as const;
-const JSONB = new Set(['cc', 'bcc', 'reply_to', 'tags', 'headers']);
-const quote = (c: string) => `"${c}"`;
-// The rows as parallel arrays, one a column; the JSON columns travel as text and are cast.
-const rows = (columns: readonly string[]) => `unnest(${columns.map(() => '?::text[]').join(', ')}) as r(${columns.map(quote).join(', ')})`;
-const ROWS = rows(COLUMNS);
-const SELECT_ROWS = COLUMNS.map((c) => (JSONB.has(c) ? `r.${quote(c)}::jsonb` : `r.${quote(c)}`)).join(', ');
-const INSERT_INTO = `insert into emails (${COLUMNS.map(quote).join(', ')})`;
-
-/** Emails only (no key): one statement. */
-const INSERT_SQL = `${INSERT_INTO} select ${SELECT_ROWS} from ${ROWS}`;
-
-/**
- * Keys and emails in one statement. `k` are the key rows (organization, key, hash, the
- * request's ids as an array literal); each email row carries its request's key (null when
- * the request has none) and is inserted only when that key was claimed here.
- */
-const INSERT_KEYED_SQL = `
-  with claimed as (
-    insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids, created_at)
-    select k.organization_id, k.idempotency_key, k.request_hash, k.email_ids::text[], now()
-      from unnest(?::text[], ?::text[], ?::text[], ?::text[]) as k(organization_id, idempotency_key, request_hash, email_ids)
-    on conflict (organization_id, idempotency_key) do update
-      set request_hash = excluded.request_hash, email_ids = excluded.email_ids, created_at = excluded.created_at
-      where email_idempotency_keys.created_at < now() - interval '${IDEMPOTENCY_TTL_HOURS} hours'
-    returning organization_id, idempotency_key
-  ), written as (
-    ${INSERT_INTO}
-    select ${SELECT_ROWS}
-      from ${rows([...COLUMNS, 'key'])}
-     where r."key" is null
-        or exists (select 1 from claimed c where c.organization_id = r.organization_id and c.idempotency_key = r."key")
-  )
-  select organization_id, idempotency_key from claimed`;
-
-/** The earlier requests' key rows, for the keys this statement did not claim. */
-const EARLIER_SQL = `
-  select organization_id, idempotency_key, request_hash, email_ids
-    from email_idempotency_keys
-   where (organization_id, idempotency_key) in (select * from unnest(?::text[], ?::text[]))`;
-
-const json = (value: unknown) => (value === null || value === undefined ? null : JSON.stringify(value));
-
-/** The email rows as one array a column, in COLUMNS order (plus each row's key when keyed). */
-function columnArrays(inputs: NewEmail[], ids: string[], keys?: (string | null)[]): unknown[] {
-  const cols: unknown[][] = Array.from({ length: COLUMNS.length + (keys ? 1 : 0) }, () => new Array(inputs.length));
-  inputs.forEach((e, i) => {
-    cols[0]![i] = ids[i];
-    cols[1]![i] = e.organizationId;
-    cols[2]![i] = e.source ?? 'api';
-    cols[3]![i] = e.campaignId ?? null;
-    cols[4]![i] = e.subscriberId ?? null;
-    cols[5]![i] = e.from;
-    cols[6]![i] = e.to;
-    cols[7]![i] = json(e.cc);
-    cols[8]![i] = json(e.bcc);
-    cols[9]![i] = json(e.replyTo);
-    cols[10]![i] = e.subject;
-    cols[11]![i] = e.contentKind;
-    cols[12]![i] = e.content;
-    cols[13]![i] = e.preview ?? null;
-    cols[14]![i] = e.text ?? null;
-    cols[15]![i] = JSON.stringify(e.tags ?? []);
-    cols[16]![i] = JSON.stringify(e.headers ?? {});
-    if (keys) cols[17]![i] = keys[i];
-  });
-  return cols;
-}
+export { IDEMPOTENCY_TTL_HOURS };
 
 /**
  * Inserts the rows (status queued) in ONE statement and returns their ids, in order. With
@@ -140,10 +54,7 @@ function columnArrays(inputs: NewEmail[], ids: string[], keys?: (string | null)[
  * transaction. The caller enqueues with `enqueueEmailSends` after the commit.
  */
 export async function insertEmails(db: EntityManager | Sql, inputs: NewEmail[], ids: string[] = inputs.map(() => newId('eml'))): Promise<string[]> {
-  if (inputs.length === 0) return [];
-  const params = columnArrays(inputs, ids);
-  if ('query' in db) await db.query(INSERT_SQL, params, 'mailroom_emails_insert');
-  else await withConnection(db, (sql) => sql.query(INSERT_SQL, params, 'mailroom_emails_insert'));
+  await insertEmailRows(db, inputs, ids);
   return ids;
 }
 
@@ -219,7 +130,7 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
   });
   const keyed = requests.map((r, i) => ({ r, i })).filter(({ r }) => r.idempotency);
   if (keyed.length === 0) {
-    await withConnection(em, (sql) => sql.query(INSERT_SQL, columnArrays(inputs, ids), 'mailroom_emails_insert'));
+    await insertEmailRows(em, inputs, ids);
     return requestIds.map((own) => ({ ok: { ids: own, replayed: false } }));
   }
 
@@ -229,45 +140,33 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
     const y = scope(b.r.emails[0]!.organizationId, b.r.idempotency!.key);
     return x < y ? -1 : x > y ? 1 : 0;
   });
-  const waitMs = Math.max(...keyed.map(({ r }) => r.idempotency!.waitMs ?? IDEMPOTENCY_WAIT_MS));
-  return withConnection(em, async (sql) => {
-    // lock_timeout bounds the wait on a key that another request holds; `set local` needs
-    // a transaction, which the one statement then runs in.
-    await sql.query(`begin; set local lock_timeout = ${Math.max(1, Math.round(waitMs))}`);
-    try {
-      const claimed = await sql.query<{ organization_id: string; idempotency_key: string }>(INSERT_KEYED_SQL, [
-        keyed.map(({ r }) => r.emails[0]!.organizationId),
-        keyed.map(({ r }) => r.idempotency!.key),
-        keyed.map(({ r }) => r.idempotency!.requestHash),
-        // A PG array literal: ids are [0-9a-z_] only.
-        keyed.map(({ i }) => `{${requestIds[i]!.join(',')}}`),
-        ...columnArrays(inputs, ids, rowKeys),
-      ], 'mailroom_emails_insert_keyed');
+  // lock_timeout bounds the wait on a key that another request holds.
+  const lockTimeoutMs = Math.max(...keyed.map(({ r }) => r.idempotency!.waitMs ?? IDEMPOTENCY_WAIT_MS));
+  const { claimed, earlier: rows } = await insertKeyedEmails(
+    em,
+    {
+      keys: keyed.map(({ r, i }) => ({ organizationId: r.emails[0]!.organizationId, key: r.idempotency!.key, requestHash: r.idempotency!.requestHash, emailIds: requestIds[i]! })),
+      emails: inputs,
+      ids,
+      rowKeys,
+      lockTimeoutMs,
+    },
+    (claimed) => {
       const won = new Set(claimed.map((c) => scope(c.organization_id, c.idempotency_key)));
-      const lost = keyed.filter(({ r }) => !won.has(scope(r.emails[0]!.organizationId, r.idempotency!.key)));
-      const earlier = new Map<string, { request_hash: string; email_ids: string[] }>();
-      if (lost.length > 0) {
-        const rows = await sql.query<{ organization_id: string; idempotency_key: string; request_hash: string; email_ids: string[] }>(EARLIER_SQL, [
-          lost.map(({ r }) => r.emails[0]!.organizationId),
-          lost.map(({ r }) => r.idempotency!.key),
-        ]);
-        for (const row of rows) earlier.set(scope(row.organization_id, row.idempotency_key), row);
-      }
-      await sql.query('commit');
-      return requests.map((r, i): AcceptResult => {
-        if (!r.idempotency) return { ok: { ids: requestIds[i]!, replayed: false } };
-        const key = scope(r.emails[0]!.organizationId, r.idempotency.key);
-        if (won.has(key)) return { ok: { ids: requestIds[i]!, replayed: false } };
-        const row = earlier.get(key);
-        if (!row) return { error: new ConflictError('idempotency_conflict', 'The Idempotency-Key changed state during the request; retry') };
-        if (row.request_hash !== r.idempotency.requestHash) {
-          return { error: new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body') };
-        }
-        return { ok: { ids: row.email_ids, replayed: true } };
-      });
-    } catch (error) {
-      await sql.query('rollback').catch(() => {});
-      throw error;
+      return keyed.filter(({ r }) => !won.has(scope(r.emails[0]!.organizationId, r.idempotency!.key))).map(({ r }) => ({ organizationId: r.emails[0]!.organizationId, key: r.idempotency!.key }));
+    },
+  );
+  const won = new Set(claimed.map((c) => scope(c.organization_id, c.idempotency_key)));
+  const earlier = new Map(rows.map((row) => [scope(row.organization_id, row.idempotency_key), row]));
+  return requests.map((r, i): AcceptResult => {
+    if (!r.idempotency) return { ok: { ids: requestIds[i]!, replayed: false } };
+    const key = scope(r.emails[0]!.organizationId, r.idempotency.key);
+    if (won.has(key)) return { ok: { ids: requestIds[i]!, replayed: false } };
+    const row = earlier.get(key);
+    if (!row) return { error: new ConflictError('idempotency_conflict', 'The Idempotency-Key changed state during the request; retry') };
+    if (row.request_hash !== r.idempotency.requestHash) {
+      return { error: new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body') };
     }
+    return { ok: { ids: row.email_ids, replayed: true } };
   });
 }

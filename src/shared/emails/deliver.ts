@@ -1,18 +1,33 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import type { ContentKind } from '../db/entities/email.js';
 import type { Orm } from '../db/orm.js';
 import { Coalescer } from './coalescer.js';
 import { FenceLostError, type HandoverFence } from './handover.js';
 import type { Logger } from '../logger.js';
 import type { LinkSigner } from '../crypto.js';
-import { personalizeCampaignEmail, type CampaignEmailParts } from '../campaigns/personalize.js';
+import { personalizeCampaignEmail } from '../campaigns/personalize.js';
 import { mailboxDomain } from './addresses.js';
 import { relayMessageId } from '../providers/relay-id.js';
 import { renderEmail } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
-import { recordEmailEvents, recordSentEmails } from '../webhooks/outbox.js';
-import { loadSubmittedParts } from '../submission/store.js';
-import { COPIES_SQL, SKIPPED_RECIPIENTS_SQL, SUPPRESSED_SQL, TO_ADDRESS_SQL, type SendGate } from '../outcomes/send-gate.js';
+import { loadSubmittedParts } from '../submission/queries.js';
+import type { SendGate } from '../outcomes/send-gate.js';
+import {
+  claimEmails,
+  emailStatus,
+  failClaimedEmail,
+  INTERRUPTED_REASON,
+  markStaleClaimsSent,
+  queuedEmailsPage,
+  reclaimEmail,
+  recordSent,
+  releaseClaimedEmail,
+  settleStaleClaims,
+  staleClaims,
+  SUPPRESSED_REASON,
+  UNCERTAIN_REASON,
+  type ClaimedRow,
+  type SentRecord,
+} from './queries.js';
 
 /** The hand-over failed in a way that may succeed later: the job is retried. */
 export class RetryLaterError extends Error {
@@ -31,42 +46,8 @@ export type DeliverOutcome =
   | { outcome: 'failed'; reason: string }
   | { outcome: 'skipped'; status: string };
 
-interface ClaimedRow extends CampaignEmailParts {
-  id: string;
-  organization_id: string;
-  from_address: string;
-  to_address: string;
-  cc: string[] | null;
-  bcc: string[] | null;
-  reply_to: string[] | null;
-  subject: string;
-  content_kind: ContentKind;
-  content: string;
-  preview: string | null;
-  text: string | null;
-  headers: Record<string, string>;
-  /** The organization's tracking settings. */
-  track_opens: boolean;
-  track_clicks: boolean;
-  campaign_id: string | null;
-  /** Suppressed recipients (bare addresses), left out of the SMTP envelope; null when none. */
-  skip: string[] | null;
-}
-
 /** A claim: the row (now `sending`), the reason it was failed instead, or undefined when not queued. */
 export type Claim = { row: ClaimedRow } | { failed: string } | undefined;
-
-interface SentRecord {
-  id: string;
-  message_id: string;
-  /** The relay's own id of the message, from its `250` answer (provider webhooks match by it). */
-  provider_message_id?: string;
-  html: string;
-  text: string;
-  /** A campaign email's personalised subject (its row holds the template's until sent). */
-  subject?: string;
-  delivered: boolean;
-}
 
 /** What is handed over: the row rendered (or, for a campaign email, personalised). */
 interface Message {
@@ -76,77 +57,9 @@ interface Message {
   headers: Record<string, string>;
 }
 
-const CLAIMED_COLUMNS = 'organization_id, from_address, to_address, cc, bcc, reply_to, subject, content_kind, content, preview, text, headers, campaign_id, subscriber_id';
-// A campaign email's row has no body: its template (rendered once by the fan-out) and its
-// subscriber come with the claim, to be personalised here.
-const CAMPAIGN_PARTS = `t.subject as template_subject, t.html as template_html, t.text as template_text,
-  s.name as subscriber_name, s.fields as subscriber_fields`;
-const CAMPAIGN_JOINS = (alias: string) => `
-  left join campaign_templates t on ${alias}.content_kind = 'campaign' and t.campaign_id = ${alias}.campaign_id
-  left join subscribers s on ${alias}.content_kind = 'campaign' and s.id = ${alias}.subscriber_id`;
-export const SUPPRESSED_REASON = 'suppressed';
-/**
- * The reason of an email whose final `.` reached the provider but whose answer was never
- * read (its worker died, or the connection dropped): the provider may or may not have it.
- * Never retried, so that it is never sent twice; an operator can list them by this reason.
- */
-export const UNCERTAIN_REASON = 'uncertain: handed to the provider but its answer was never read; not retried so that it is never sent twice';
 // The fence's answer before the final `.` must come well within the send job's lock
 // (10 s, renewed every 5 s), so that no other worker can have taken the email over.
 const PREPARE_MAX_MS = 2_000;
-const UNSUBSCRIBED_REASON = 'recipient no longer subscribed';
-
-// The statements of the send path. Each is prepared once per connection (named): no parse
-// and no plan per batch. Rows are found by primary key (`id = any($1)`): a join with a
-// set-returning function of the ids was estimated at 100 rows and planned as a scan of every
-// pending email, which made each batch cost milliseconds of PostgreSQL's CPU while a
-// campaign or a backlog was queued.
-const CLAIM_SQL = `
-  with r as (
-    select e.id, ${SUPPRESSED_SQL} as to_suppressed, ${TO_ADDRESS_SQL} as to_bare,
-      case when e.cc is null and e.bcc is null then null else ${COPIES_SQL} end as copies,
-      (e.source = 'campaign' and not exists (select 1 from subscribers s where s.id = e.subscriber_id and s.status = 'SUBSCRIBED')) as unsubscribed
-    from emails e where e.id = any(?::text[]) and e.status = 'queued'),
-  c as (
-    select r.*, (r.to_suppressed and coalesce((r.copies ->> 'live')::int, 0) = 0) as suppressed,
-      case when r.to_suppressed then jsonb_build_array(r.to_bare) || coalesce(r.copies -> 'skipped', '[]'::jsonb)
-        else r.copies -> 'skipped' end as skip
-    from r),
-  failed as (
-    update emails e set status = 'failed', updated_at = now(),
-      failure_reason = case when c.suppressed then '${SUPPRESSED_REASON}' else '${UNSUBSCRIBED_REASON}' end
-    from c where e.id = c.id and (c.suppressed or c.unsubscribed) and e.status = 'queued'
-    returning e.id, e.failure_reason),
-  claimed as (
-    update emails e set status = 'sending', claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
-    from c where e.id = c.id and not (c.suppressed or c.unsubscribed) and e.status = 'queued'
-    returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')})
-  select cl.id, null as failed, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'cl.$1')}, o.track_opens, o.track_clicks, ${CAMPAIGN_PARTS}, c.skip
-  from claimed cl join c on c.id = cl.id join organizations o on o.id = cl.organization_id ${CAMPAIGN_JOINS('cl')}
-  union all
-  select f.id, f.failure_reason, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'null')}, null, null, null, null, null, null, null, null from failed f`;
-
-// Campaign counters move as the provider accepts (emailsSentCount, spec 2.5).
-const SENT_SQL = `
-  with sent as (update emails e set status = 'sent',
-      delivery_status = case when v.delivered then 'delivered' else e.delivery_status end,
-      message_id = v.message_id, provider_message_id = v.provider_message_id, html = v.html, text = v.text, subject = coalesce(v.subject, e.subject),
-      sent_at = now(), failure_reason = null, updated_at = now()
-    from jsonb_to_recordset(?::jsonb) as v(id text, message_id text, provider_message_id text, html text, text text, subject text, delivered boolean)
-    where e.id = any(?::text[]) and e.id = v.id
-      and (e.status = 'sending' or (e.status = 'failed' and e.failure_reason = '${UNCERTAIN_REASON}'))
-    returning e.campaign_id, e.source)
-  update campaigns c set emails_sent_count = c.emails_sent_count + s.n
-  from (select campaign_id, count(*)::int as n from sent where source = 'campaign' and campaign_id is not null group by campaign_id) s
-  where c.id = s.campaign_id`;
-
-const RECLAIM_SQL = `
-  with r as (
-    update emails e set claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
-    from organizations o
-    where e.id = ? and e.status = 'sending' and o.id = e.organization_id
-    returning e.id, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'e.$1')}, o.track_opens, o.track_clicks, ${SKIPPED_RECIPIENTS_SQL} as skip)
-  select r.*, ${CAMPAIGN_PARTS} from r ${CAMPAIGN_JOINS('r')}`;
 
 /**
  * The status writes of the send path, group-committed: the claims (and the "sent" records)
@@ -169,16 +82,8 @@ export class DeliveryStore {
     this.claims = new Coalescer(async (ids) => {
       // The same id twice in one statement would be claimed once but returned to both
       // callers: only its first caller gets the row.
-      const unique = [...new Set(ids)];
-      // A suppressed recipient (contract 9) or campaign mail to a contact who unsubscribed
-      // (or was deleted) since the fan-out (contract 8) is failed instead of claimed, in the
-      // same statement, so it is never sent and the campaign still completes.
-      const rows = await this.query<ClaimedRow & { failed: string | null }>('mailroom_emails_claim', CLAIM_SQL, [unique]);
-      // Failed by the claim (suppressed, unsubscribed): their email.failed is written just
-      // after the claim's own commit (docs/webhooks.md).
-      const failedIds = rows.flatMap((r) => (r.failed === null ? [] : [{ emailId: r.id }]));
-      if (failedIds.length > 0) await recordEmailEvents(this.orm.em.fork(), 'email.failed', failedIds).catch(() => {});
-      const byId = new Map(rows.map((r) => [r.id, r]));
+      const found = await claimEmails(this.orm.em, [...new Set(ids)]);
+      const byId = new Map(found.map((r) => [r.id, r]));
       return ids.map((id): Claim => {
         const row = byId.get(id);
         byId.delete(id);
@@ -188,27 +93,11 @@ export class DeliveryStore {
     });
     this.sent = new Coalescer<SentRecord, void>(async (records) => {
       // The webhook outbox rows (email.sent / email.delivered) commit with the status write.
-      await this.knex().transaction(async (trx) => {
-        await this.query('mailroom_emails_sent', SENT_SQL, [JSON.stringify(records), records.map((r) => r.id)], trx);
-        await recordSentEmails(trx, records.map((r) => r.id));
-      });
+      await recordSent(this.orm.em, records);
       // The status says sent now: the fence keys have done their work (they expire anyway).
       await this.fence?.clear(records.map((r) => r.id)).catch(() => {});
       return records.map(() => undefined);
     });
-  }
-
-  /**
-   * A prepared statement with bound parameters: the rendered bodies travel as a parameter
-   * instead of being escaped into the SQL text (MikroORM's `execute` inlines).
-   */
-  private async query<T>(name: string, sql: string, params: unknown[], knex = this.knex()): Promise<T[]> {
-    const result = (await knex.raw(sql, params as never[]).options({ name })) as { rows: T[] };
-    return result.rows;
-  }
-
-  private knex() {
-    return this.orm.em.getDriver().getConnection().getKnex();
   }
 
   /** queued -> sending (or -> failed when it must not be sent); undefined when the row is not queued. */
@@ -220,9 +109,8 @@ export class DeliveryStore {
    * Takes over a `sending` row whose job ran before and lost its lock (its worker died or
    * stalled): a new claim time and attempt; undefined when it is no longer `sending`.
    */
-  async reclaim(id: string): Promise<ClaimedRow | undefined> {
-    const [row] = await this.query<ClaimedRow>('mailroom_emails_reclaim', RECLAIM_SQL, [id]);
-    return row;
+  reclaim(id: string): Promise<ClaimedRow | undefined> {
+    return reclaimEmail(this.orm.em, id);
   }
 
   /**
@@ -249,17 +137,18 @@ export class DeliveryStore {
     return this.sent.submit(record);
   }
 
-  /** A rare write (failure, released claim): on its own. */
-  async finish(id: string, set: string, params: unknown[]): Promise<void> {
-    await this.orm.em.fork().transactional(async (tx) => {
-      const rows = await tx.execute(`update emails set ${set}, updated_at = now() where id = ? and status = 'sending' returning status`, [...params, id], 'all');
-      if (rows[0]?.status === 'failed') await recordEmailEvents(tx, 'email.failed', [{ emailId: id }]);
-    });
+  /** A claimed email failed (a rare write: on its own), with its `email.failed` webhook. */
+  fail(id: string, reason: string): Promise<void> {
+    return failClaimedEmail(this.orm.em, id, reason);
   }
 
-  async status(id: string): Promise<string> {
-    const [row] = await this.orm.em.fork().execute<{ status: string }[]>('select status from emails where id = ?', [id], 'all');
-    return row?.status ?? 'missing';
+  /** A claimed email given back to the queue, with the reason of the failed attempt when there is one. */
+  release(id: string, reason?: string): Promise<void> {
+    return releaseClaimedEmail(this.orm.em, id, reason);
+  }
+
+  status(id: string): Promise<string> {
+    return emailStatus(this.orm.em, id);
   }
 }
 
@@ -312,7 +201,7 @@ export async function deliverEmail(
         }
         const messageId = taken.current.slice('accepted:'.length);
         const delivered = transport.kind === 'file';
-        await recordSent(store, sentRecord(emailId, messageId, accepted, rendered, delivered), options.log);
+        await recordSentWithRetries(store, sentRecord(emailId, messageId, accepted, rendered, delivered), options.log);
         options.log?.info({ emailId }, 'recorded the send of an email a dead worker had handed over');
         return { outcome: delivered ? 'delivered' : 'sent', messageId };
       }
@@ -320,7 +209,7 @@ export async function deliverEmail(
       // not have it. Never sent again; failed at once with a reason of its own, so that an
       // operator can find these few (and a late answer of a worker that only stalled still
       // records it sent).
-      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [UNCERTAIN_REASON]);
+      await store.fail(emailId, UNCERTAIN_REASON);
       options.log?.warn({ emailId, fence: taken.current.split(':')[0] }, 'email handed over by a dead worker without an answer; failed as uncertain, not sent again');
       return { outcome: 'failed', reason: UNCERTAIN_REASON };
     }
@@ -335,7 +224,7 @@ export async function deliverEmail(
     rendered = store.message(row);
   } catch (error) {
     const reason = `rendering failed: ${(error as Error).message}`.slice(0, 1000);
-    await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
+    await store.fail(emailId, reason);
     return { outcome: 'failed', reason };
   }
 
@@ -414,14 +303,14 @@ export async function deliverEmail(
     if (fenceSlow) {
       // Still ours (nobody took it over): given back and retried; else the other worker sends it.
       if (!(await fence!.release(emailId, prepared!))) return { outcome: 'skipped', status: 'sending' };
-      await store.finish(emailId, `status = 'queued'`, []);
+      await store.release(emailId);
       throw new RetryLaterError('the hand-over fence answered too late', false);
     }
     if (fenceError !== undefined) {
       // Redis did not answer before the final `.`: nothing was handed over. The claim is
       // released and Redis's error rethrown, so the runner puts the job back without
       // spending an attempt (a Redis outage never fails an email).
-      await store.finish(emailId, `status = 'queued'`, []);
+      await store.release(emailId);
       throw fenceError;
     }
     const { kind, reason } = classifySendError(error);
@@ -429,22 +318,22 @@ export async function deliverEmail(
       // The final `.` went out but no answer came back (connection lost, timeout): the
       // provider may have the message. Failed as uncertain rather than risk sending it twice.
       const uncertain = `${UNCERTAIN_REASON} (${reason})`.slice(0, 1000);
-      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [uncertain]);
+      await store.fail(emailId, uncertain);
       return { outcome: 'failed', reason: uncertain };
     }
     if (kind === 'permanent' || (kind === 'transient' && options.finalAttempt)) {
-      await store.finish(emailId, `status = 'failed', failure_reason = ?`, [reason]);
+      await store.fail(emailId, reason);
       return { outcome: 'failed', reason };
     }
     // Not handed over (or refused with an answer): release the claim so the retry can take
     // it again, and the fence with it.
     await fence?.clear([emailId]).catch(() => {});
-    await store.finish(emailId, `status = 'queued', failure_reason = ?`, [reason]);
+    await store.release(emailId, reason);
     throw new RetryLaterError(reason, kind === 'throttle');
   }
 
   await (acceptance ?? fence?.accepted(emailId, messageId))?.catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
-  await recordSent(store, { ...sentRecord(emailId, messageId, row, rendered, delivered), provider_message_id: relayMessageId(response) }, options.log);
+  await recordSentWithRetries(store, { ...sentRecord(emailId, messageId, row, rendered, delivered), provider_message_id: relayMessageId(response) }, options.log);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
 }
 
@@ -458,7 +347,7 @@ function sentRecord(id: string, messageId: string, row: ClaimedRow, message: Mes
 // interrupted hand-over: the write is retried for about half a minute before giving up.
 const RECORD_RETRIES = [200, 500, 1_000, 2_000, 5_000, 10_000, 15_000];
 
-async function recordSent(store: DeliveryStore, record: SentRecord, log?: Logger): Promise<void> {
+async function recordSentWithRetries(store: DeliveryStore, record: SentRecord, log?: Logger): Promise<void> {
   for (let attempt = 0; ; attempt++) {
     try {
       await store.markSent(record);
@@ -483,70 +372,24 @@ async function recordSent(store: DeliveryStore, record: SentRecord, log?: Logger
  * rather than risk a duplicate.
  */
 export async function failInterruptedEmails(em: EntityManager, leaseMs: number, fence?: HandoverFence): Promise<number> {
-  const stale = await em.execute<{ id: string }[]>(
-    `select id from emails where status = 'sending' and claimed_at < now() - (? * interval '1 millisecond') order by id limit 10000`,
-    [leaseMs],
-    'all',
-  );
+  const stale = await staleClaims(em, leaseMs);
   if (stale.length === 0) return 0;
-  const markers = fence ? await fence.readMany(stale.map((r) => r.id)) : [];
+  const markers = fence ? await fence.readMany(stale) : [];
   const accepted: { id: string; message_id: string }[] = [];
   const requeue: string[] = [];
   const uncertain: string[] = [];
   const rest: string[] = [];
-  stale.forEach((r, i) => {
+  stale.forEach((id, i) => {
     const marker = markers[i] ?? '';
-    if (marker.startsWith('accepted:')) accepted.push({ id: r.id, message_id: marker.slice('accepted:'.length) });
-    else if (marker.startsWith('pre:') || marker.startsWith('reclaim:')) requeue.push(r.id);
-    else if (marker.startsWith('dot:')) uncertain.push(r.id);
-    else rest.push(r.id);
+    if (marker.startsWith('accepted:')) accepted.push({ id, message_id: marker.slice('accepted:'.length) });
+    else if (marker.startsWith('pre:') || marker.startsWith('reclaim:')) requeue.push(id);
+    else if (marker.startsWith('dot:')) uncertain.push(id);
+    else rest.push(id);
   });
-  if (accepted.length > 0) {
-    await em.execute(
-      `with sent as (update emails e set status = 'sent', message_id = v.message_id, sent_at = now(), failure_reason = null, updated_at = now()
-         from jsonb_to_recordset(?::jsonb) as v(id text, message_id text)
-         where e.id = v.id and e.status = 'sending'
-         returning e.campaign_id, e.source)
-       update campaigns c set emails_sent_count = c.emails_sent_count + s.n
-       from (select campaign_id, count(*)::int as n from sent where source = 'campaign' and campaign_id is not null group by campaign_id) s
-       where c.id = s.campaign_id`,
-      [JSON.stringify(accepted)],
-      'run',
-    );
-  }
-  const settle = async (ids: string[], set: string, params: unknown[]) => {
-    if (ids.length === 0) return 0;
-    const rows = await em.execute<{ id: string }[]>(
-      `update emails set ${set}, updated_at = now()
-       where status = 'sending' and id in (select jsonb_array_elements_text(?::jsonb)) and claimed_at < now() - (? * interval '1 millisecond')
-       returning id`,
-      [...params, JSON.stringify(ids), leaseMs],
-      'all',
-    );
-    return rows.length;
-  };
-  await settle(requeue, `status = 'queued'`, []);
+  await markStaleClaimsSent(em, accepted);
+  await settleStaleClaims(em, requeue, leaseMs, { requeue: true });
   await fence?.clear(requeue);
-  return (
-    (await settle(uncertain, `status = 'failed', failure_reason = ?`, [UNCERTAIN_REASON])) +
-    (await settle(rest, `status = 'failed', failure_reason = ?`, ['interrupted while being handed to the provider; not retried so that it is never sent twice']))
-  );
+  return (await settleStaleClaims(em, uncertain, leaseMs, { failWith: UNCERTAIN_REASON })) + (await settleStaleClaims(em, rest, leaseMs, { failWith: INTERRUPTED_REASON }));
 }
 
-/**
- * Reconciler, part 2: one keyset page of queued emails older than `graceMs` (and created
- * before `createdBefore`, when given).
- */
-export async function queuedEmailsPage(
-  em: EntityManager,
-  options: { graceMs: number; afterId?: string; limit: number; createdBefore?: Date },
-): Promise<{ id: string; source: 'api' | 'campaign' | 'test' }[]> {
-  return em.execute(
-    `select id, source from emails
-     where status in ('queued', 'sending') and status = 'queued' and id > ? and created_at < now() - (? * interval '1 millisecond')
-       and created_at < coalesce(?::timestamptz, 'infinity')
-     order by id limit ?`,
-    [options.afterId ?? '', options.graceMs, options.createdBefore?.toISOString() ?? null, options.limit],
-    'all',
-  );
-}
+export { queuedEmailsPage, SUPPRESSED_REASON, UNCERTAIN_REASON };

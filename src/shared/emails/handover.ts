@@ -20,16 +20,51 @@ import type { Redis } from 'ioredis';
  * stalled but still runs cannot commit once another took its email over: it aborts the
  * DATA instead.
  */
+// The compare-and-set steps, registered with ioredis's `defineCommand`: sent by their SHA
+// (EVALSHA; ioredis loads a script again when Redis has forgotten it) instead of their text
+// with every email.
+const SCRIPTS = {
+  mailroomFenceReclaim: `local v = redis.call('GET', KEYS[1])
+       if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
+       redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+       return false`,
+  mailroomFencePrepare: `local v = redis.call('GET', KEYS[1])
+       if (v == false and ARGV[1] == '') or v == ARGV[1] then
+         redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+         return 1
+       end
+       return 0`,
+  mailroomFenceDot: `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+       return 1`,
+  mailroomFenceRelease: `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+       return 0`,
+} as const;
+
+type FenceRedis = Redis & Record<keyof typeof SCRIPTS, (key: string, ...args: (string | number)[]) => Promise<unknown>>;
+
 export class HandoverFence {
   /** This process; a dead process's `dot:` keys name it (the scale-out test reads them). */
   readonly owner = `${process.pid}-${randomBytes(4).toString('hex')}`;
+  private readonly redis: FenceRedis;
+  // Values are the owner and a counter: unique within the process, the owner tells processes
+  // apart, and no random bytes are drawn for every email.
+  private sequence = 0;
 
   constructor(
-    private readonly redis: Redis,
+    redis: Redis,
     private readonly prefix: string,
     /** Kept longer than the send lease, so the reconciler still reads it. */
     private readonly ttlMs = 30 * 60_000,
-  ) {}
+  ) {
+    for (const [name, lua] of Object.entries(SCRIPTS)) {
+      if (!(name in redis)) redis.defineCommand(name, { numberOfKeys: 1, lua });
+    }
+    this.redis = redis as FenceRedis;
+  }
+
+  private unique(): string {
+    return `${this.owner}-${(this.sequence++).toString(36)}`;
+  }
 
   key(emailId: string): string {
     return `${this.prefix}:handover:${emailId}`;
@@ -41,13 +76,8 @@ export class HandoverFence {
    * (`dot:` or `accepted:`).
    */
   async reclaim(emailId: string): Promise<{ token: string } | { current: string }> {
-    const token = `reclaim:${this.owner}-${randomBytes(4).toString('hex')}`;
-    const result = (await this.redis.eval(
-      `local v = redis.call('GET', KEYS[1])
-       if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
-       redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-       return false`,
-      1,
+    const token = `reclaim:${this.unique()}`;
+    const result = (await this.redis.mailroomFenceReclaim(
       this.key(emailId),
       token,
       this.ttlMs,
@@ -61,15 +91,8 @@ export class HandoverFence {
    * undefined. The `.` may then be written, right after `dot()`.
    */
   async prepare(emailId: string, expected: string | undefined): Promise<string | undefined> {
-    const value = `pre:${this.owner}-${randomBytes(4).toString('hex')}`;
-    const result = await this.redis.eval(
-      `local v = redis.call('GET', KEYS[1])
-       if (v == false and ARGV[1] == '') or v == ARGV[1] then
-         redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-         return 1
-       end
-       return 0`,
-      1,
+    const value = `pre:${this.unique()}`;
+    const result = await this.redis.mailroomFencePrepare(
       this.key(emailId),
       expected ?? '',
       value,
@@ -84,10 +107,7 @@ export class HandoverFence {
    * between leaves at worst a `dot:` whose `.` never went out (never the reverse).
    */
   dot(emailId: string, prepared: string): Promise<unknown> {
-    return this.redis.eval(
-      `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
-       return 1`,
-      1,
+    return this.redis.mailroomFenceDot(
       this.key(emailId),
       prepared,
       `dot:${this.owner}`,
@@ -97,10 +117,7 @@ export class HandoverFence {
 
   /** Gives the email back (the `.` was not written): only while the key is still `prepared`. */
   async release(emailId: string, prepared: string): Promise<boolean> {
-    const result = await this.redis.eval(
-      `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
-       return 0`,
-      1,
+    const result = await this.redis.mailroomFenceRelease(
       this.key(emailId),
       prepared,
     );

@@ -10,7 +10,8 @@ import type { Logger } from '../logger.js';
 import type { QueueProducer } from '../queues/producer.js';
 import type { NewEmail } from './input.js';
 import { inTransaction, type Sql } from '../subscribers/sql.js';
-import { acceptRequests, insertEmails, IDEMPOTENCY_TTL_HOURS, type AcceptRequest, type AcceptResult, type CreatedEmails, type Idempotency } from './accept.js';
+import { deleteExpiredIdempotencyKeys } from './queries.js';
+import { acceptRequests, insertEmails, type AcceptRequest, type AcceptResult, type CreatedEmails, type Idempotency } from './accept.js';
 import { lastEventFilter, type LastEvent } from './last-event.js';
 
 /** The queue an email's send job goes to: campaign mail has its own, so transactional mail overtakes it. */
@@ -167,14 +168,8 @@ export function requestHash(route: string, body: unknown): string {
 }
 
 /** Deletes Idempotency-Key rows past their 24 h; returns how many. */
-export async function purgeIdempotencyKeys(em: EntityManager): Promise<number> {
-  const rows = await em.execute<{ n: string }[]>(
-    `with gone as (delete from email_idempotency_keys where created_at < now() - interval '${IDEMPOTENCY_TTL_HOURS} hours' returning 1)
-     select count(*) as n from gone`,
-    [],
-    'all',
-  );
-  return Number(rows[0]?.n ?? 0);
+export function purgeIdempotencyKeys(em: EntityManager): Promise<number> {
+  return deleteExpiredIdempotencyKeys(em);
 }
 
 /** One email of the organization, any source (spec 4.13). */

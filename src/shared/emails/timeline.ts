@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Email } from '../db/entities/email.js';
+import { emailEvents } from './queries.js';
 
 export interface TimelineEntry {
   at: Date;
@@ -15,12 +16,7 @@ export async function emailTimeline(em: EntityManager, email: Email): Promise<Ti
   const entries: TimelineEntry[] = [{ at: email.createdAt, type: 'queued', detail: null }];
   if (email.sentAt) entries.push({ at: email.sentAt, type: 'sent', detail: email.messageId });
   if (email.status === 'failed') entries.push({ at: email.updatedAt, type: 'failed', detail: email.failureReason });
-  const events = await em.execute<{ type: TimelineEntry['type']; occurred_at: Date; url: string | null; details: Record<string, unknown> | null }[]>(
-    `select type, occurred_at, url, details from email_events
-      where email_id = ? and organization_id = ? order by occurred_at limit ?`,
-    [email.id, email.organizationId, MAX_EVENTS],
-    'all',
-  );
+  const events = await emailEvents(em, email, MAX_EVENTS);
   for (const e of events) {
     const diagnostic = typeof e.details?.diagnostic === 'string' ? e.details.diagnostic : null;
     entries.push({ at: new Date(e.occurred_at), type: e.type, detail: e.url ?? diagnostic });

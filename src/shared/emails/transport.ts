@@ -8,7 +8,7 @@ import DKIM from 'nodemailer/lib/dkim/index.js';
 import SMTPPool from 'nodemailer/lib/smtp-pool/index.js';
 import type { Config } from '../config.js';
 import { withSubmittedParts } from '../submission/delivery.js';
-import type { SubmittedParts } from '../submission/store.js';
+import type { SubmittedParts } from '../submission/queries.js';
 import { createDkimSigner, defaultDkimThreads, withParsedKey, type DkimSigner } from './dkim-pool.js';
 
 /** One message as handed to the provider. */

@@ -3,8 +3,7 @@ import { z } from 'zod';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound, recordProven } from '../verification/index.js';
-import { recordEmailEvents } from '../webhooks/outbox.js';
-import { TO_ADDRESS_SQL } from './send-gate.js';
+import { recordEmailEvents } from '../webhooks/queries.js';
 
 /** Contract 11: the body of `POST /webhooks/provider`. */
 export const ProviderEventBody = z.strictObject({
@@ -64,7 +63,7 @@ export function bareMessageId(value: string): string {
 }
 
 async function findEmail(tx: EntityManager, event: DeliveryFeedback): Promise<EmailRow | undefined> {
-  const select = `select e.id, e.organization_id, ${TO_ADDRESS_SQL} as address from emails e`;
+  const select = `select e.id, e.organization_id, email_bare_address(e.to_address) as address from emails e`;
   if (event.messageId) {
     const [email] = await tx.execute<EmailRow[]>(`${select} where e.message_id = ? limit 1`, [bareMessageId(event.messageId)], 'all');
     if (email) return email;

@@ -2,8 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Orm } from '../db/orm.js';
 import type { Logger } from '../logger.js';
 import { recordCampaignEngagement } from './campaigns.js';
-import { recordTrackingEvents } from '../webhooks/outbox.js';
-import { TO_ADDRESS_SQL } from './send-gate.js';
+import { recordTrackingEvents } from '../webhooks/queries.js';
 
 export interface TrackingHit {
   emailId: string;
@@ -247,7 +246,7 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
       `update emails e set ${column} = f.at, updated_at = now()
        from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
        where e.id = f.id and e.${column} is null
-       returning e.id, e.campaign_id, ${TO_ADDRESS_SQL} as address,
+       returning e.id, e.campaign_id, email_bare_address(e.to_address) as address,
          (e.status = 'sent' and coalesce(e.delivery_status, 'delivered') = 'delivered') as proven`,
       [JSON.stringify(candidates)],
     );

@@ -1,6 +1,6 @@
 import type { SendMailOptions } from 'nodemailer';
 import { parseMailbox } from '../emails/addresses.js';
-import type { SubmittedParts } from './store.js';
+import type { SubmittedParts } from './queries.js';
 
 /**
  * How the send path hands over a submitted message (contract 19): to its envelope

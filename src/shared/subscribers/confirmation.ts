@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { LinkSigner } from '../crypto.js';
 import { toRecord, type SubscriberRow } from './rows.js';
 import { tagsOf } from './service.js';
-import { recordContactEvent } from '../webhooks/outbox.js';
+import { recordContactEvent } from '../webhooks/queries.js';
 
 /**
  * Double opt-in (spec 3.2, contract 6 and 10): a PENDING_CONFIRMATION subscriber gets an

@@ -8,7 +8,7 @@ import { byName, toRecord, type SubscriberRecord, type SubscriberRow, type TagRe
 import { nextStatus, UNSUBSCRIBABLE } from './states.js';
 import { inTransaction, rows, withConnection, type Db } from './sql.js';
 import type { WorkflowEvent } from './workflow-events.js';
-import { recordContactChange } from '../webhooks/outbox.js';
+import { recordContactChange } from '../webhooks/queries.js';
 
 /**
  * Subscriber writes wait for the WAL flush like every other write: an acknowledged

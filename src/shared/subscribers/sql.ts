@@ -50,6 +50,8 @@ export interface TransactionOptions {
    * commits (never corrupt or half-apply them).
    */
   asyncCommit?: boolean;
+  /** `lock_timeout` for this transaction (ms): a statement waiting longer on a row lock fails with 55P03. */
+  lockTimeoutMs?: number;
 }
 
 /** Runs `work` on one pooled connection, outside any transaction (several reads in a row). */
@@ -77,7 +79,11 @@ export async function inTransaction<T>(em: EntityManager, work: (sql: Sql) => Pr
     },
   };
   try {
-    await connection.query(options.asyncCommit ? 'begin; set local synchronous_commit = off' : 'begin');
+    // One round trip: the transaction's settings travel with its BEGIN.
+    let begin = 'begin';
+    if (options.asyncCommit) begin += '; set local synchronous_commit = off';
+    if (options.lockTimeoutMs !== undefined) begin += `; set local lock_timeout = ${Math.max(1, Math.round(options.lockTimeoutMs))}`;
+    await connection.query(begin);
     const result = await work(sql);
     await connection.query('commit');
     return result;

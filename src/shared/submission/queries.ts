@@ -1,5 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import type { Knex } from '@mikro-orm/knex';
+import { withConnection } from '../subscribers/sql.js';
 import type { NewEmail } from '../emails/input.js';
 import { createEmails, type CreateEmailsDeps } from '../emails/service.js';
 import type { SubmittedAttachment, SubmittedMessage } from './message.js';
@@ -10,13 +10,6 @@ import type { SubmittedAttachment, SubmittedMessage } from './message.js';
  * attachments are written in the same transaction, so a message is stored whole or not
  * at all; its send job is enqueued after the commit.
  */
-
-/** Bound parameters inside the caller's transaction (bytea travels as binary, not as SQL text). */
-async function run<T>(em: EntityManager, sql: string, params: unknown[]): Promise<T[]> {
-  const statement = em.getConnection().getKnex().raw(sql, params as never[]);
-  const trx = em.getTransactionContext<Knex.Transaction>();
-  return ((await (trx ? statement.transacting(trx) : statement)) as { rows: T[] }).rows;
-}
 
 export function submittedEmail(organizationId: string, message: SubmittedMessage): NewEmail {
   return {
@@ -63,13 +56,17 @@ export interface SubmittedParts {
 
 /** The envelope, kept headers and attachments of a submitted email; undefined when it has none. */
 export async function loadSubmittedParts(em: EntityManager, emailId: string): Promise<SubmittedParts | undefined> {
-  const [row] = await run<{ envelope_to: string[]; headers: [string, string][] }>(em, 'select envelope_to, headers from email_submissions where email_id = ?', [emailId]);
-  if (!row) return undefined;
-  const attachments = await run<{ filename: string | null; content_type: string; disposition: 'attachment' | 'inline'; content_id: string | null; content: Buffer }>(
-    em,
-    'select filename, content_type, disposition, content_id, content from email_attachments where email_id = ? order by position',
-    [emailId],
-  );
+  const found = await withConnection(em, async (sql) => {
+    const [row] = await sql.query<{ envelope_to: string[]; headers: [string, string][] }>('select envelope_to, headers from email_submissions where email_id = ?', [emailId]);
+    if (!row) return undefined;
+    const attachments = await sql.query<{ filename: string | null; content_type: string; disposition: 'attachment' | 'inline'; content_id: string | null; content: Buffer }>(
+      'select filename, content_type, disposition, content_id, content from email_attachments where email_id = ? order by position',
+      [emailId],
+    );
+    return { row, attachments };
+  });
+  if (!found) return undefined;
+  const { row, attachments } = found;
   return {
     envelopeTo: row.envelope_to,
     headers: row.headers,
@@ -85,5 +82,5 @@ export interface AttachmentSummary {
 
 /** The attachments of an email as `GET /api/v2/emails/{id}` lists them (contract 19); no content read. */
 export async function listAttachments(em: EntityManager, emailId: string): Promise<AttachmentSummary[]> {
-  return run<AttachmentSummary>(em, 'select filename, content_type, size from email_attachments where email_id = ? order by position', [emailId]);
+  return withConnection(em, (sql) => sql.query<AttachmentSummary>('select filename, content_type, size from email_attachments where email_id = ? order by position', [emailId]));
 }
