@@ -38,7 +38,9 @@ const IMMUTABLE: Record<string, string> = {
   'src/shared/emails/dkim-pool.ts:parsedKeys': 'memo of PEM -> KeyObject',
 };
 
-const MUTABLE = /^(?:export\s+)?(?:let|var)\s+(\w+)|^(?:export\s+)?const\s+(\w+)[^=]*=\s*new\s+(?:Map|WeakMap|Set|WeakSet|LRUCache)\b/;
+// A `let`; a Map, Set, cache, store, pool, client...; an empty array or object (filled at run
+// time: a queue of waiters).
+const MUTABLE = /^(?:export\s+)?(?:let|var)\s+(\w+)|^(?:export\s+)?const\s+(\w+)[^=]*(?:=>[^=]*)*=\s*(?:new\s+(?:Map|WeakMap|Set|WeakSet|\w*(?:Cache|Store|Pool|Limiter|Recorder|Writer|Client|Batcher|Tracker|Queue|Worker))\b|\[\]|\{\})/;
 
 async function sourceFiles(dir: string): Promise<string[]> {
   const entries = await readdir(dir, { withFileTypes: true });
@@ -73,6 +75,8 @@ describe('process state (src/shared/container.ts)', () => {
     expect(MUTABLE.exec('let cache: Map<string, string> | undefined;')?.[1]).toBe('cache');
     expect(MUTABLE.exec('const stores = new WeakMap<Services, DeliveryStore>();')?.[2]).toBe('stores');
     expect(MUTABLE.exec('export const keys: LRUCache<string, Buffer> = new LRUCache({ max: 10 });')?.[2]).toBe('keys');
+    expect(MUTABLE.exec('const defaultCache = new DkimKeyCache();')?.[2]).toBe('defaultCache');
+    expect(MUTABLE.exec('const waiters: (() => void)[] = [];')?.[2]).toBe('waiters');
     expect(MUTABLE.exec('  let local = 0;')).toBeNull();
     expect(MUTABLE.exec('const NAMES = [\'a\', \'b\'] as const;')).toBeNull();
   });
