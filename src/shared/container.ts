@@ -55,9 +55,10 @@ export interface Services {
   snsCertificates: SnsCertificates;
 
   // The process's state (caches, batchers, pools): here and nowhere else, so that tests and
-  // two apps in one process never share it. The ones below are made on first read (an API
-  // process never makes the delivery store, a worker never the token cache) and stopped by
-  // closeServices. A copy (`{ ...services, config }`) shares the original's.
+  // two apps in one process never share it (test/architecture-state.test.ts). Those with a
+  // cost are made on first read (an API process never makes the delivery store, a worker
+  // never the token cache) and stopped by closeServices. A copy (`{ ...services, config }`)
+  // shares the original's, made with the original's configuration.
   /** DKIM options by (organization, domain), for the mailer's signing. */
   readonly dkimKeys: DkimKeyCache;
   /** Tracking of the HTML handed over, and the count of suppressed emails. */
