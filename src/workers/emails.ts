@@ -179,8 +179,11 @@ async function oldestUnexpandedBatch(ctx: JobContext): Promise<Date | undefined>
   for (const name of ['emails', 'campaign-emails'] as const) {
     const queue = ctx.services.producer.queue(name);
     // BullMQ's score of a prioritized job: priority * 2^32 + a counter (FIFO within a priority).
+    // Not a public API (BullMQ lists prioritized jobs only in score order, which would mean
+    // reading every expanded send first): bullmq's version is pinned, and
+    // test/bullmq-internals.test.ts fails if the layout changes.
     const [id] = await ctx.services.redis.zrangebyscore(queue.keys.prioritized!, SEND_BATCH_PRIORITY * 2 ** 32, '+inf', 'LIMIT', 0, 1);
-    const timestamp = id ? Number(await ctx.services.redis.hget(queue.toKey(id), 'timestamp')) : NaN;
+    const timestamp = id ? ((await queue.getJob(id))?.timestamp ?? NaN) : NaN;
     if (Number.isFinite(timestamp)) oldest = Math.min(oldest ?? timestamp, timestamp);
   }
   // A little slack: the rows' created_at comes from PostgreSQL's clock, the job's from Node's.
