@@ -117,7 +117,7 @@ try {
   // Baseline: nodemailer straight to the same sink, the same message pre-rendered.
   const template = renderCampaignTemplate({ contentType: 'MARKDOWN', content: CONTENT, subject: 'News for {{name}}', preview: null });
   // With BENCH_DKIM, the baseline signs with the same key (nodemailer, single-threaded).
-  const dkim = process.env.BENCH_DKIM ? ((await dkimOptionsFor(() => em.fork(), bench.services.box, bench.organizationId, 'acme.test')) ?? undefined) : undefined;
+  const dkim = process.env.BENCH_DKIM ? ((await dkimOptionsFor(() => em.fork(), bench.services.box, bench.organizationId, 'acme.test', bench.services.dkimKeys)) ?? undefined) : undefined;
   const transport = nodemailer.createTransport({ ...smtpConnection(sinkUrl), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity, dkim });
   let next = 0;
   const directCpu = process.cpuUsage();

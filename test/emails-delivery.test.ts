@@ -8,6 +8,7 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { until } from './helpers/until.js';
 
 let sink: SmtpSink;
 let ctx: TestContext;
@@ -42,16 +43,6 @@ function send(body: object, c = ctx, as = token) {
 
 async function getEmail(id: string, c = ctx, as = token) {
   return (await c.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(as) })).json();
-}
-
-async function until<T>(probe: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
-  const started = Date.now();
-  for (;;) {
-    const value = await probe();
-    if (ok(value)) return value;
-    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
 }
 
 const received = (messageId: string) => sink.messages.filter((m) => m.messageId === `<${messageId}>`);

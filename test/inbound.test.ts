@@ -8,6 +8,7 @@ import { inboundProcessor } from '../src/workers/inbound.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { until } from './helpers/until.js';
 
 // Bounces and complaints by mail (contract 18a): emails relayed through a real SMTP sink,
 // then reports written the way real MTAs write them (test/fixtures/bounces/) delivered over
@@ -46,16 +47,6 @@ afterAll(async () => {
 });
 
 const sql = <T = Record<string, unknown>>(query: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute<T[]>(query, params, 'all');
-
-async function until<T>(probe: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
-  const started = Date.now();
-  for (;;) {
-    const value = await probe();
-    if (ok(value)) return value;
-    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
 
 async function getEmail(id: string, token = acme.token) {
   const response = await ctx.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(token) });

@@ -9,6 +9,7 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { until } from './helpers/until.js';
 
 const SECRET = 'whsec-test-secret';
 const PUBLIC_URL = 'http://mailroom.test';
@@ -58,16 +59,6 @@ async function getEmail(id: string) {
 async function listed(id: string) {
   const rows = (await ctx.app.inject({ url: '/api/v2/emails?limit=100', headers: bearer(token) })).json().data as { id: string; last_event: string }[];
   return rows.find((r) => r.id === id)?.last_event;
-}
-
-async function until<T>(probe: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
-  const started = Date.now();
-  for (;;) {
-    const value = await probe();
-    if (ok(value)) return value;
-    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 /** Waits until the email reads `event` on both the get and the list. */

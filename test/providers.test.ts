@@ -14,6 +14,7 @@ import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { runService, type ServiceProcess } from './helpers/process.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { until } from './helpers/until.js';
 
 // The providers' own webhooks (contract 18b), each fed payloads in the provider's documented
 // shape, signed with keys this test makes: an SNS signing certificate served by a local
@@ -101,16 +102,6 @@ afterAll(async () => {
 });
 
 const sql = <T = Record<string, unknown>>(query: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute<T[]>(query, params, 'all');
-
-async function until<T>(probe: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
-  const started = Date.now();
-  for (;;) {
-    const value = await probe();
-    if (ok(value)) return value;
-    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 async function getEmail(id: string) {
   const response = await ctx.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(token) });

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
-import { RateLimiter } from '../src/api/plugins/auth.js';
+import { tokenRateLimiter } from '../src/shared/rate-limits/window.js';
 import type { App } from '../src/api/types.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
 import { createLogger } from '../src/shared/logger.js';
@@ -92,11 +92,11 @@ describe('rate limiting (contract 5: per token, in Redis)', () => {
   });
 });
 
-describe('RateLimiter (reservations of the window)', () => {
+describe('the per-token limiter (reservations of the window)', () => {
   // A fixed instant, so a case never straddles two windows.
   const now = (Math.floor(Date.now() / 1000) + 1) * 1000 + 100;
   const withLimit = (limit: number, services: Services = ctx.services) =>
-    new RateLimiter({ ...services, config: { ...services.config, rateLimitPerSecond: limit } });
+    tokenRateLimiter({ ...services, config: { ...services.config, rateLimitPerSecond: limit } });
   const tokenId = () => `tok_${Math.random().toString(36).slice(2)}`;
 
   it('allows exactly the limit in one process, even for concurrent requests', async () => {

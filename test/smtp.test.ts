@@ -19,6 +19,7 @@ import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { runService } from './helpers/process.js';
 import { openDialog } from './helpers/smtp-dialog.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { until } from './helpers/until.js';
 
 // Contract 19: SMTP submission end to end, with two clients we did not write (nodemailer as
 // an application uses it, Python's smtplib), and every kind of bad input refused with its
@@ -66,16 +67,6 @@ afterAll(async () => {
 
 function api(method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown, as = token) {
   return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(as), ...(body === undefined ? {} : { payload: body as object }) });
-}
-
-async function until<T>(read: () => Promise<T>, done: (v: T) => boolean, timeoutMs = 15_000): Promise<T> {
-  const started = Date.now();
-  for (;;) {
-    const value = await read();
-    if (done(value)) return value;
-    if (Date.now() - started > timeoutMs) throw new Error(`timed out; last value ${JSON.stringify(value).slice(0, 500)}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 async function dkimResult(raw: Buffer) {

@@ -1,5 +1,6 @@
 import type { Services } from '../shared/container.js';
-import type { RateLimiter, TokenCache } from './plugins/auth.js';
+import type { WindowRateLimiter } from '../shared/rate-limits/window.js';
+import type { TokenCache } from '../shared/tokens/token-cache.js';
 import { callerHook } from './tools/caller-hook.js';
 import { mcpRoutes } from './tools/mcp.js';
 import { toolCatalogRoutes, toolRunRoutes } from './tools/routes.js';
@@ -11,7 +12,7 @@ import { v1Routes } from './v1/routes.js';
  * server and the frozen v1 interface. All of them answer by dispatching v2 requests, so they
  * authenticate here but leave permission, rate limit and quota to the endpoint.
  */
-export async function registerAgentInterfaces(app: App, services: Services, tokenCache: TokenCache, rateLimiter: RateLimiter): Promise<void> {
+export async function registerAgentInterfaces(app: App, services: Services, tokenCache: TokenCache, rateLimiter: WindowRateLimiter): Promise<void> {
   await app.register(
     async (scope) => {
       scope.addHook('onRequest', callerHook(services, tokenCache, rateLimiter, { counted: true }));

@@ -10,7 +10,7 @@ import { dashboard } from './dashboard/index.js';
 import { finishOpenApi } from './openapi.js';
 import { installValidationMessages, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
-import { authHook, RateLimiter, TokenCache } from './plugins/auth.js';
+import { authHook } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
 import { registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
@@ -121,11 +121,9 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(providerWebhooksRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
-  const tokenCache = new TokenCache();
-  // Learns of revoked tokens from every process (contract 16).
-  tokenCache.start(services);
-  app.addHook('onClose', async () => tokenCache.close());
-  const rateLimiter = new RateLimiter(services);
+  // Learns of revoked tokens from every process (contract 16); stopped by closeServices.
+  const tokenCache = services.tokenCache;
+  const rateLimiter = services.tokenLimiter;
   await app.register(
     async (v2) => {
       v2.addHook('onRequest', authHook(services, tokenCache, rateLimiter));

@@ -80,11 +80,12 @@ export function humanMessage(issue: Issue): string | undefined {
   }
 }
 
-let installed = false;
+const customError = (issue: unknown) => humanMessage(issue as Issue);
 
-/** Installs the messages in zod's configuration (once per process; idempotent). */
+/**
+ * Installs the messages in zod's configuration, which is global to the process (zod's own
+ * state, not ours): every app installs the same function, so installing again changes nothing.
+ */
 export function installValidationMessages(): void {
-  if (installed) return;
-  installed = true;
-  z.config({ customError: (issue) => humanMessage(issue as unknown as Issue) });
+  z.config({ customError });
 }

@@ -1,18 +1,29 @@
 import type { Redis } from 'ioredis';
+import pLimit, { type LimitFunction } from 'p-limit';
 import { ReturnPaths, returnPathHost } from './bounces/return-path.js';
 import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
 import { createDns, type DnsService } from './dns/resolver.js';
-import { dkimOptionsFor } from './domains/dkim.js';
+import { DkimKeyCache, dkimOptionsFor } from './domains/dkim.js';
+import { DeliveryStore } from './emails/deliver.js';
+import { HandoverFence } from './emails/handover.js';
 import { RenderPool } from './emails/render-pool.js';
+import { EmailWriter } from './emails/service.js';
 import { createMailTransport, type MailTransport } from './emails/transport.js';
 import type { Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
+import { TrackingRecorder } from './outcomes/recorder.js';
+import { SendGate } from './outcomes/send-gate.js';
 import { QueueProducer } from './queues/producer.js';
-import { organizationRateLimiter, type WindowRateLimiter } from './rate-limits/window.js';
+import { organizationRateLimiter, tokenRateLimiter, type WindowRateLimiter } from './rate-limits/window.js';
 import { SnsCertificates } from './providers/sns.js';
 import { createRedis, settleConnection } from './redis.js';
+import { TokenListCache } from './tokens/list-cache.js';
+import { TokenCache } from './tokens/token-cache.js';
+import { LocalRoutingCache } from './verification/routing.js';
+import { VerificationStore } from './verification/store.js';
+import { WebhookClient } from './webhooks/dispatcher.js';
 
 /**
  * The infrastructure of one process, made once at start-up and passed down (STYLE 4).
@@ -42,7 +53,48 @@ export interface Services {
   returnPaths: ReturnPaths;
   /** Amazon SNS signing certificates fetched for the SES webhook, cached by URL. */
   snsCertificates: SnsCertificates;
+
+  // The process's state (caches, batchers, pools): here and nowhere else, so that tests and
+  // two apps in one process never share it (test/architecture-state.test.ts). Those with a
+  // cost are made on first read (an API process never makes the delivery store, a worker
+  // never the token cache) and stopped by closeServices. A copy (`{ ...services, config }`)
+  // shares the original's, made with the original's configuration.
+  /** DKIM options by (organization, domain), for the mailer's signing. */
+  readonly dkimKeys: DkimKeyCache;
+  /** Tracking of the HTML handed over, and the count of suppressed emails. */
+  readonly sendGate: SendGate;
+  /** The send path's claims and group commits (emails/deliver.ts). */
+  readonly deliveryStore: DeliveryStore;
+  /** The API's email writes, coalesced into few statements (emails/service.ts). */
+  readonly emailWriter: EmailWriter;
+  /** Open and click hits, written in batches a few milliseconds after the answer. */
+  readonly trackingRecorder: TrackingRecorder;
+  /** Token lookups by secret, for the HTTP API and SMTP submission (subscribed to token changes). */
+  readonly tokenCache: TokenCache;
+  /** Organizations' token lists between writes (subscribed to token changes). */
+  readonly tokenListCache: TokenListCache;
+  /** RATE_LIMIT_PER_SECOND per token, for every interface of this process. */
+  readonly tokenLimiter: WindowRateLimiter;
+  /** What address verification keeps between calls (verification/index.ts). */
+  readonly verification: VerificationState;
+  /** Webhook deliveries' HTTP client and its per-endpoint connection pools. */
+  readonly webhookClient: WebhookClient;
+  /** The `send-batch` expansions running at once (workers/emails.ts says why few). */
+  readonly sendBatchExpansions: LimitFunction;
+  /** Stops what of the state above was made (closeServices calls it first). */
+  closeState(): Promise<void>;
 }
+
+export interface VerificationState {
+  blocked: ReadonlySet<string>;
+  /** Batches statements across concurrent verifications, on a fork used only for raw statements. */
+  store: VerificationStore;
+  localRouting: LocalRoutingCache;
+}
+
+// A campaign's fan-out brings a hundred batches at once; each expansion queues thousands of
+// job additions on the producer's connection.
+const SEND_BATCH_EXPANSIONS = 4;
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
   const orm = await initOrm({ databaseUrl: config.databaseUrl, logger });
@@ -55,20 +107,35 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const box = new SecretBox(config.secretKey);
   const returnPaths = new ReturnPaths(config.secretKey);
   const metrics = createMetrics({ producer, orm, logger });
-  return {
+  const dkimKeys = new DkimKeyCache();
+  const signer = new LinkSigner(config.secretKey);
+  const sendGate = new SendGate({ publicUrl: config.publicUrl, signer, onSuppressed: () => metrics.emailsFailed.inc({ reason: 'suppressed' }) });
+
+  // Made on first read, then kept; what has to be stopped is stopped by closeServices, in order.
+  const made = new Map<string, unknown>();
+  const stops: (() => Promise<void> | void)[] = [];
+  function once<T>(name: string, make: () => T, stop?: (value: T) => Promise<void> | void): T {
+    if (made.has(name)) return made.get(name) as T;
+    const value = make();
+    made.set(name, value);
+    if (stop) stops.push(() => stop(value));
+    return value;
+  }
+
+  const services: Services = {
     config,
     logger,
     orm,
     redis,
     producer,
     box,
-    signer: new LinkSigner(config.secretKey),
+    signer,
     clock: () => new Date(),
     dns: await createDns(redis, config, { logger, metrics }),
     metrics,
     mailer: createMailTransport(config.mail, {
       // Mail from a domain of the organization is signed with that domain's key (contract 11).
-      dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain)) ?? undefined,
+      dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain, dkimKeys)) ?? undefined,
       // VERP: bounces come back to a per-email address (docs/outcomes.md).
       returnPath: (emailId, fromDomain, ownDomain) => returnPaths.address(emailId, returnPathHost(fromDomain, ownDomain, config.inbound.bounceDomain)),
     }),
@@ -76,10 +143,62 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     orgLimiter: organizationRateLimiter({ redis, config }),
     returnPaths,
     snsCertificates: new SnsCertificates(),
+    dkimKeys,
+    sendGate,
+    tokenLimiter: tokenRateLimiter({ redis, config }),
+    sendBatchExpansions: pLimit(SEND_BATCH_EXPANSIONS),
+    get deliveryStore() {
+      return once('deliveryStore', () => new DeliveryStore(orm, new HandoverFence(redis, config.redisPrefix), sendGate, { signer, publicUrl: config.publicUrl }));
+    },
+    get emailWriter() {
+      return once('emailWriter', () => new EmailWriter(orm, { producer, logger }));
+    },
+    get trackingRecorder() {
+      // Its close writes the last hits (before closeServices closes PostgreSQL).
+      return once('trackingRecorder', () => new TrackingRecorder(orm, logger), (recorder) => recorder.close());
+    },
+    get tokenCache() {
+      return once(
+        'tokenCache',
+        () => {
+          const cache = new TokenCache();
+          cache.start({ redis, config, logger });
+          return cache;
+        },
+        (cache) => cache.close(),
+      );
+    },
+    get tokenListCache() {
+      return once(
+        'tokenListCache',
+        () => {
+          const cache = new TokenListCache({ redis, config, logger });
+          cache.start();
+          return cache;
+        },
+        (cache) => cache.close(),
+      );
+    },
+    get verification() {
+      return once('verification', () => ({
+        blocked: new Set(config.verifyBlockedDomains),
+        store: VerificationStore.forEntityManager(orm.em.fork()),
+        localRouting: new LocalRoutingCache(),
+      }));
+    },
+    async closeState() {
+      for (const stop of stops.splice(0)) await stop();
+    },
+    get webhookClient() {
+      // Uncached DNS: the address connected to is the one just checked (ssrf.ts).
+      return once('webhookClient', () => new WebhookClient({ dns: services.dns.fresh, allowPrivateUrls: config.webhookAllowPrivateUrls }), (client) => client.close());
+    },
   };
+  return services;
 }
 
 export async function closeServices(services: Services): Promise<void> {
+  await services.closeState().catch((error: unknown) => services.logger.warn({ err: error }, 'process state did not stop cleanly'));
   await services.producer.close().catch(() => {});
   services.redis.disconnect();
   services.mailer.close();

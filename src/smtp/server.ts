@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMTPServerSession } from 'smtp-server';
-import { callerForSecret, RateLimiter, TokenCache } from '../api/plugins/auth.js';
+import { callerForSecret } from '../api/plugins/auth.js';
 import type { Services } from '../shared/container.js';
 import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { isAddress } from '../shared/emails/addresses.js';
@@ -76,9 +76,8 @@ export async function startSubmission(services: Services, options: SubmissionOpt
   const settings = services.config.smtpSubmission;
   const production = services.config.nodeEnv === 'production';
   // Learns of revocations on the token-change channel, as the API's cache does.
-  const tokenCache = new TokenCache();
-  tokenCache.start(services);
-  const limiter = new RateLimiter(services);
+  const tokenCache = services.tokenCache;
+  const limiter = services.tokenLimiter;
   const deps = { producer: services.producer, logger: services.logger };
   const max = settings.maxMessageBytes;
 
@@ -192,7 +191,6 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     tlsPort,
     async close() {
       await Promise.all(servers.map((server) => new Promise<void>((resolve) => server.close(() => resolve()))));
-      tokenCache.close();
     },
   };
 }

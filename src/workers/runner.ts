@@ -27,6 +27,8 @@ export interface QueueProcessor<Q extends QueueName = QueueName> {
   workerOptions?: Partial<Omit<WorkerOptions, 'connection' | 'prefix' | 'concurrency' | 'autorun'>>;
   /** Runs once when the worker starts: e.g. `upsertJobScheduler` for periodic jobs. */
   onStart?: (services: Services) => Promise<void>;
+  /** Runs once when the worker starts, beside it (a timer): returns what stops it when the workers close. */
+  whileRunning?: (services: Services) => () => void;
 }
 
 export function defineProcessor<Q extends QueueName>(processor: QueueProcessor<Q>): QueueProcessor<Q> {
@@ -130,6 +132,7 @@ export async function startWorkers(
     }
   };
   services.redis.on('ready', reinstall);
+  const stops = chosen.flatMap((processor) => processor.whileRunning?.(services) ?? []);
 
   return {
     queues: chosen.map((p) => p.queue),
@@ -139,6 +142,7 @@ export async function startWorkers(
     },
     async close() {
       services.redis.off('ready', reinstall);
+      for (const stop of stops) stop();
       guard.stop();
       await Promise.all(workers.map((w) => w.close()));
     },

@@ -1,5 +1,5 @@
 import type { Services } from '../shared/container.js';
-import { deliverEndpoint, WebhookClient, type EndpointRunOptions } from '../shared/webhooks/dispatcher.js';
+import { deliverEndpoint, type EndpointRunOptions } from '../shared/webhooks/dispatcher.js';
 import { endpointsWithDueMessages } from '../shared/webhooks/queries.js';
 import { defineProcessor, type QueueProcessor } from './runner.js';
 
@@ -19,19 +19,6 @@ const DISPATCH_LIMIT = 5_000;
 const DELIVER_JOB_OPTIONS = { removeOnComplete: true, removeOnFail: true };
 
 const REINSTALL_MS = 30_000;
-const reinstallers = new WeakMap<Services, NodeJS.Timeout>();
-
-// One HTTP client (and its connection pools) per process's services, made on first use.
-const clients = new WeakMap<Services, WebhookClient>();
-function clientOf(services: Services): WebhookClient {
-  let client = clients.get(services);
-  if (!client) {
-    // Uncached DNS: the address connected to is the one just checked (ssrf.ts).
-    client = new WebhookClient({ dns: services.dns.fresh, allowPrivateUrls: services.config.webhookAllowPrivateUrls });
-    clients.set(services, client);
-  }
-  return client;
-}
 
 /**
  * The `webhooks` queue. `dispatch` runs every second on a job scheduler: it is both the
@@ -47,7 +34,7 @@ export function webhookProcessor(options: WebhookProcessorOptions = {}): QueuePr
     handlers: {
       deliver: async (payload, ctx) =>
         deliverEndpoint(
-          { em: ctx.em, box: ctx.services.box, client: clientOf(ctx.services), clock: ctx.services.clock, log: ctx.log },
+          { em: ctx.em, box: ctx.services.box, client: ctx.services.webhookClient, clock: ctx.services.clock, log: ctx.log },
           payload.endpointId,
           o.run,
         ),
@@ -61,24 +48,25 @@ export function webhookProcessor(options: WebhookProcessorOptions = {}): QueuePr
       },
     },
     async onStart(services) {
-      const install = () =>
-        services.producer
-          .queue('webhooks')
-          .upsertJobScheduler('webhooks-dispatch', { every: o.dispatchEveryMs }, { name: 'dispatch', data: {}, opts: { removeOnComplete: true, removeOnFail: 100 } });
-      await install();
-      // Redis emptied under a live connection (FLUSHALL, a failover to an empty replica) takes
-      // the scheduler with it and no reconnect puts it back: it is upserted again every
-      // REINSTALL_MS (idempotent), so deliveries resume by themselves. One timer a process.
-      if (!reinstallers.has(services)) {
-        const timer = setInterval(() => {
-          if (services.redis.status === 'ready') void install().catch(() => {});
-          else if (services.redis.status === 'end') clearInterval(timer);
-        }, REINSTALL_MS);
-        timer.unref();
-        reinstallers.set(services, timer);
-      }
+      await installDispatch(services, o.dispatchEveryMs);
+    },
+    // Redis emptied under a live connection (FLUSHALL, a failover to an empty replica) takes
+    // the scheduler with it and no reconnect puts it back: it is upserted again every
+    // REINSTALL_MS (idempotent), so deliveries resume by themselves.
+    whileRunning(services) {
+      const timer = setInterval(() => {
+        if (services.redis.status === 'ready') void installDispatch(services, o.dispatchEveryMs).catch(() => {});
+      }, REINSTALL_MS);
+      timer.unref();
+      return () => clearInterval(timer);
     },
   });
+}
+
+function installDispatch(services: Services, everyMs: number) {
+  return services.producer
+    .queue('webhooks')
+    .upsertJobScheduler('webhooks-dispatch', { every: everyMs }, { name: 'dispatch', data: {}, opts: { removeOnComplete: true, removeOnFail: 100 } });
 }
 
 export const webhooksProcessor = webhookProcessor();

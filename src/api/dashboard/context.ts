@@ -4,7 +4,7 @@ import type { Services } from '../../shared/container.js';
 import { PermissionError, ValidationError } from '../../shared/errors.js';
 import { holds, type Permission } from '../../shared/tokens/permissions.js';
 import type { Caller } from '../../shared/tokens/service.js';
-import type { TokenCache } from '../plugins/auth.js';
+import type { TokenCache } from '../../shared/tokens/token-cache.js';
 import type { SafeHtml, PageUser } from './html.js';
 import type { ImportTracker } from './imports.js';
 import type { Session, SessionStore } from './session.js';

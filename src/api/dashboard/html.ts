@@ -1,4 +1,4 @@
-import { escapeHtml } from '../../shared/campaigns/html.js';
+import { escapeHtml } from '../../shared/html.js';
 
 /** Markup that is already escaped: interpolated as it is. */
 export class SafeHtml {

@@ -7,7 +7,7 @@ import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
 import { AppError } from '../../shared/errors.js';
 import { checkPassword } from '../../shared/users/service.js';
-import type { TokenCache } from '../plugins/auth.js';
+import type { TokenCache } from '../../shared/tokens/token-cache.js';
 import type { App } from '../types.js';
 import { audiencePages } from './audience.js';
 import { APP_CSS, APP_JS } from './assets.js';

@@ -4,7 +4,7 @@ import type { Email } from '../../shared/db/entities/email.js';
 import { assertSendingAllowed } from '../../shared/domains/sending-policy.js';
 import { SendEmailBody, newEmailFromBody } from '../../shared/emails/input.js';
 import { LAST_EVENTS, lastEvent } from '../../shared/emails/last-event.js';
-import { createEmails, EmailWriter, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
+import { createEmails, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
 import { listAttachments, type AttachmentSummary } from '../../shared/submission/queries.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
@@ -78,7 +78,7 @@ function idempotency(request: FastifyRequest, key: string | undefined, route: st
 
 export async function emailsRoutes(app: App): Promise<void> {
   const deps = { producer: app.services.producer, logger: app.services.logger };
-  const writer = new EmailWriter(app.services.orm, deps);
+  const writer = app.services.emailWriter;
   // A replayed Idempotency-Key accepts nothing new.
   const accepted = app.services.metrics.emailsAccepted.labels({ source: 'api' });
 

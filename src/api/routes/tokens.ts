@@ -1,6 +1,5 @@
 import { z } from 'zod';
 import { PermissionSchema, PresetSchema } from '../../shared/tokens/permissions.js';
-import { TokenListCache } from '../../shared/tokens/list-cache.js';
 import { revokeToken } from '../../shared/tokens/revoke.js';
 import { createToken } from '../../shared/tokens/service.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
@@ -37,9 +36,7 @@ const TokenSummary = z.object({
 
 export async function tokensRoutes(app: App): Promise<void> {
   // Listing is the hot path of token reads (bench:auth); creating is rare.
-  const listCache = new TokenListCache(app.services);
-  listCache.start();
-  app.addHook('onClose', async () => listCache.close());
+  const listCache = app.services.tokenListCache;
 
   app.post(
     '/tokens',

@@ -6,7 +6,6 @@ import { AppError, NotFoundError } from '../../shared/errors.js';
 import { lastEvent } from '../../shared/emails/last-event.js';
 import { Email } from '../../shared/db/entities/index.js';
 import { applyProviderEvent, ProviderEventBody } from '../../shared/outcomes/provider-events.js';
-import { TrackingRecorder } from '../../shared/outcomes/recorder.js';
 import { readClickToken, readOpenToken } from '../../shared/outcomes/tokens.js';
 import { lazyChildLogger } from '../plugins/lazy-logger.js';
 import type { App } from '../types.js';
@@ -33,7 +32,8 @@ function userAgent(request: FastifyRequest): string | null {
  */
 export async function trackingRoutes(app: App): Promise<void> {
   const { signer, clock } = app.services;
-  const recorder = new TrackingRecorder(app.services.orm, app.services.logger);
+  // The process's (services.trackingRecorder): its buffered hits are written when the app closes.
+  const recorder = app.services.trackingRecorder;
   app.addHook('onClose', async () => recorder.close());
 
   // The token is checked against its HMAC before anything is read (a NUL never passes):

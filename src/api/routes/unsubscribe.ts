@@ -1,10 +1,7 @@
 import { z } from 'zod';
 import { resolveUnsubscribeToken, unsubscribeByToken } from '../../shared/campaigns/unsubscribe.js';
+import { escapeHtml } from '../../shared/html.js';
 import type { App } from '../types.js';
-
-function escapeHtml(text: string): string {
-  return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-}
 
 function page(title: string, body: string): string {
   return `<!doctype html>

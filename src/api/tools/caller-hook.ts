@@ -1,6 +1,8 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../../shared/container.js';
-import { authenticate, limitOrganization, rateLimit, type RateLimiter, type TokenCache } from '../plugins/auth.js';
+import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
+import type { TokenCache } from '../../shared/tokens/token-cache.js';
+import { authenticate, limitOrganization, rateLimit } from '../plugins/auth.js';
 
 /**
  * onRequest hook of the layers that dispatch v2 requests in-process (tool runner, MCP, v1):
@@ -11,7 +13,7 @@ import { authenticate, limitOrganization, rateLimit, type RateLimiter, type Toke
  * The organization's limit is counted here for every request, before anything is
  * dispatched, so a call refused by the layer itself (bad arguments) costs the same.
  */
-export function callerHook(services: Services, cache: TokenCache, limiter: RateLimiter, options: { counted: boolean }) {
+export function callerHook(services: Services, cache: TokenCache, limiter: WindowRateLimiter, options: { counted: boolean }) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     request.caller = await authenticate(services, cache, request);
     await limitOrganization(services, request.caller, reply);

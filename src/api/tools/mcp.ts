@@ -2,7 +2,8 @@ import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { CallToolRequestSchema, ListToolsRequestSchema, type CallToolResult, type Tool as McpTool } from '@modelcontextprotocol/sdk/types.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { rateLimit, type RateLimiter } from '../plugins/auth.js';
+import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
+import { rateLimit } from '../plugins/auth.js';
 import { errorBody } from '../plugins/errors.js';
 import type { App } from '../types.js';
 import { tools, type Tool } from './catalog.js';
@@ -61,7 +62,7 @@ function onlyToolCalls(body: unknown): boolean {
  * A `tools/call` is counted against the rate limit by the endpoint it dispatches to; any
  * other message (initialize, tools/list, ...) is counted here, once.
  */
-export function mcpRoutes(limiter: RateLimiter) {
+export function mcpRoutes(limiter: WindowRateLimiter) {
   return async (app: App): Promise<void> => {
     // Its JSON-RPC body is read by the MCP server; tool arguments reach an endpoint, which
     // refuses U+0000 itself (as a tool error the client can read).

@@ -30,6 +30,7 @@ export function normalizeContent(contentType: CampaignContentType, content: unkn
   return problem ? { problem } : { value };
 }
 
+// Configured once and holding no state between parses: shared by every campaign.
 const lexer = new Marked({ gfm: true });
 
 function markdownHasUnsubscribeLink(markdown: string): boolean {

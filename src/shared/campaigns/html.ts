@@ -1,8 +1,4 @@
 /** Small HTML helpers shared by the MAILY and PLATE renderers. */
-export function escapeHtml(value: string): string {
-  return value.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c] ?? c);
-}
-
 /** A link target kept only when it is http(s), mailto, tel, a relative path or a placeholder. */
 export function safeUrl(value: unknown): string {
   if (typeof value !== 'string') return '';

@@ -1,4 +1,5 @@
-import { escapeHtml, isObject, safeUrl, UNSUBSCRIBE_TARGET } from './html.js';
+import { escapeHtml } from '../html.js';
+import { isObject, safeUrl, UNSUBSCRIBE_TARGET } from './html.js';
 
 /**
  * MAILY content: the Maily editor's tiptap (ProseMirror) JSON. `@maily-to/render` renders it

@@ -1,5 +1,5 @@
 import type { LinkSigner } from '../crypto.js';
-import { escapeHtml } from './html.js';
+import { escapeHtml } from '../html.js';
 
 /**
  * Personalisation (contract 8): `{{email}}`, `{{name}}`, `{{fields.NAME}}` and

@@ -1,4 +1,5 @@
-import { escapeHtml, isObject, safeUrl, UNSUBSCRIBE_TARGET } from './html.js';
+import { escapeHtml } from '../html.js';
+import { isObject, safeUrl, UNSUBSCRIBE_TARGET } from './html.js';
 
 /**
  * PLATE content: a Plate (Slate) value, an array of element nodes `{ type, children }` whose

@@ -1,6 +1,7 @@
 import { lookup as systemLookup, Resolver } from 'node:dns/promises';
 import { isIP } from 'node:net';
 import type { Redis } from 'ioredis';
+import { LRUCache } from 'lru-cache';
 import type { Config } from '../config.js';
 import { redisKey } from '../container.js';
 import type { Logger } from '../logger.js';
@@ -81,7 +82,7 @@ export class CachedDns implements DnsService {
   private readonly policy: DnsCachePolicy;
   private readonly logger?: Logger;
   private readonly metrics?: Pick<Metrics, 'dnsCacheHits' | 'dnsCacheMisses'>;
-  private readonly local = new Map<string, { entry: CachedEntry; until: number }>();
+  private readonly local = new LRUCache<string, CachedEntry>({ max: LOCAL_MAX, ttl: LOCAL_TTL_MS });
   /** Identical concurrent misses share one query. */
   private readonly inFlight = new Map<string, Promise<DnsResult<unknown>>>();
 
@@ -140,12 +141,10 @@ export class CachedDns implements DnsService {
   }
 
   private remember(key: string, entry: CachedEntry, now: number): void {
-    if (this.local.size >= LOCAL_MAX && !this.local.has(key)) {
-      // Maps iterate in insertion order: drop the oldest entry.
-      const oldest = this.local.keys().next().value;
-      if (oldest !== undefined) this.local.delete(oldest);
-    }
-    this.local.set(key, { entry, until: Math.min(entry.e, now + LOCAL_TTL_MS) });
+    // Kept a minute at most, and never past the answer's own expiry (lru-cache reads a TTL
+    // of 0 as "forever": an answer already expired is not kept).
+    const ttl = Math.min(entry.e - now, LOCAL_TTL_MS);
+    if (ttl > 0) this.local.set(key, entry, { ttl });
   }
 
   private async readCache<R>(type: RecordType, name: string): Promise<DnsResult<R> | null> {
@@ -153,10 +152,9 @@ export class CachedDns implements DnsService {
     const now = Date.now();
     let entry: CachedEntry | undefined;
     const local = this.local.get(key);
-    if (local && local.until > now) {
-      entry = local.entry;
+    if (local) {
+      entry = local;
     } else {
-      if (local) this.local.delete(key);
       let raw: string | null;
       try {
         raw = await this.redis.get(key);

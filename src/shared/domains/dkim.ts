@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import { LRUCache } from 'lru-cache';
 import type { Config } from '../config.js';
 import type { SecretBox } from '../crypto.js';
 import { Domain } from '../db/entities/index.js';
@@ -47,36 +48,28 @@ const CACHE_MAX = 5_000;
 
 interface Entry {
   value: DkimSigningOptions | null;
-  expiresAt: number;
 }
 
-/** A small in-process cache of DKIM options by (organization, domain). */
+/** A small in-process LRU of DKIM options by (organization, domain), entries kept CACHE_TTL_MS (lru-cache). */
 export class DkimKeyCache {
-  private readonly entries = new Map<string, Entry>();
+  private readonly entries: LRUCache<string, Entry>;
 
-  constructor(private readonly ttlMs = CACHE_TTL_MS) {}
-
-  get(key: string, now: number): Entry | undefined {
-    const entry = this.entries.get(key);
-    if (entry && entry.expiresAt > now) return entry;
-    if (entry) this.entries.delete(key);
-    return undefined;
+  constructor(ttlMs = CACHE_TTL_MS) {
+    this.entries = new LRUCache({ max: CACHE_MAX, ttl: ttlMs });
   }
 
-  set(key: string, value: DkimSigningOptions | null, now: number): void {
-    if (this.entries.size >= CACHE_MAX) {
-      const oldest = this.entries.keys().next().value;
-      if (oldest !== undefined) this.entries.delete(oldest);
-    }
-    this.entries.set(key, { value, expiresAt: now + this.ttlMs });
+  get(key: string): Entry | undefined {
+    return this.entries.get(key);
+  }
+
+  set(key: string, value: DkimSigningOptions | null): void {
+    this.entries.set(key, { value });
   }
 
   clear(): void {
     this.entries.clear();
   }
 }
-
-const defaultCache = new DkimKeyCache();
 
 /**
  * nodemailer's `dkim` option for mail from `fromDomain` (a hostname or a whole address) of
@@ -90,19 +83,19 @@ export async function dkimOptionsFor(
   box: SecretBox,
   organizationId: string,
   fromDomain: string,
-  cache: DkimKeyCache = defaultCache,
+  /** The process's (services.dkimKeys). */
+  cache: DkimKeyCache,
 ): Promise<DkimSigningOptions | null> {
-  const now = Date.now();
   // Looked up as given first (every send asks): normalizing a hostname costs more than the lookup.
   const givenKey = `${organizationId}:${fromDomain}`;
-  const given = cache.get(givenKey, now);
+  const given = cache.get(givenKey);
   if (given) return given.value;
   const hostname = fromDomain.includes('@') ? addressDomain(fromDomain) : normalizeHostname(fromDomain);
   if (!hostname) return null;
   const key = `${organizationId}:${hostname}`;
-  const cached = cache.get(key, now);
+  const cached = cache.get(key);
   if (cached) {
-    cache.set(givenKey, cached.value, now);
+    cache.set(givenKey, cached.value);
     return cached.value;
   }
   const domain = await (typeof em === 'function' ? em() : em).findOne(Domain, { organizationId, domain: hostname }, { fields: ['domain', 'dkimSelector', 'dkimPrivateKeySealed'] });
@@ -114,8 +107,8 @@ export async function dkimOptionsFor(
         headerFieldNames: DKIM_SIGNED_HEADERS,
       }
     : null;
-  cache.set(key, value, now);
-  if (givenKey !== key) cache.set(givenKey, value, now);
+  cache.set(key, value);
+  if (givenKey !== key) cache.set(givenKey, value);
   return value;
 }
 

@@ -60,6 +60,8 @@ function workerSource(): string {
     });`;
 }
 
+// A memo of a pure transform (the same PEM gives the same key whatever the app or config):
+// sharing it across the process is harmless, like the threads' own copies.
 const parsedKeys = new LRUCache<string, KeyObject>({ max: MAX_PARSED_KEYS });
 
 /**

@@ -6,6 +6,7 @@ import { compile } from 'html-to-text';
 import juice from 'juice';
 import { Marked } from 'marked';
 import type { ContentKind } from '../db/entities/email.js';
+import { escapeHtml } from '../html.js';
 
 /**
  * Server-side rendering of an email body (contract 9): markdown (GFM) or a tiptap document
@@ -44,6 +45,7 @@ export class ContentTooLargeError extends Error {
   }
 }
 
+// Configured once and holding no state between parses: shared by every render.
 const marked = new Marked({ gfm: true, breaks: false, async: false });
 
 export function markdownToHtml(markdown: string): string {
@@ -53,9 +55,6 @@ export function markdownToHtml(markdown: string): string {
 export function tiptapToHtml(doc: JSONContent): string {
   return renderToHTMLString({ extensions: TIPTAP_EXTENSIONS, content: doc });
 }
-
-const escapeHtml = (value: string) =>
-  value.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c] ?? c);
 
 // The email-safe styles of generated bodies, inlined on each element (mail clients drop
 // <style> blocks). Markdown and tiptap output is a known, small set of tags, so the styles

@@ -3,6 +3,7 @@ import type { Orm } from '../db/orm.js';
 import { Coalescer } from './coalescer.js';
 import type { JobsOptions } from 'bullmq';
 import { createHash } from 'node:crypto';
+import stableStringify from 'safe-stable-stringify';
 import { Email, type EmailSource } from '../db/entities/email.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import type { Logger } from '../logger.js';
@@ -157,20 +158,13 @@ export class EmailWriter {
   }
 }
 
-/** SHA-256 of a JSON value with its object keys sorted, so key order does not matter. */
+/**
+ * SHA-256 of a JSON value with its object keys sorted, so key order does not matter. The
+ * serialization (safe-stable-stringify) is byte for byte the one of the hand-written
+ * stableJson it replaced, so fingerprints stored before the change still match.
+ */
 export function requestHash(route: string, body: unknown): string {
-  return createHash('sha256').update(route).update('\n').update(stableJson(body)).digest('hex');
-}
-
-function stableJson(value: unknown): string {
-  if (Array.isArray(value)) return `[${value.map(stableJson).join(',')}]`;
-  if (value && typeof value === 'object') {
-    const entries = Object.entries(value as Record<string, unknown>)
-      .filter(([, v]) => v !== undefined)
-      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${stableJson(v)}`).join(',')}}`;
-  }
-  return JSON.stringify(value) ?? 'null';
+  return createHash('sha256').update(route).update('\n').update(stableStringify(body) ?? 'null').digest('hex');
 }
 
 /** Deletes Idempotency-Key rows past their 24 h; returns how many. */

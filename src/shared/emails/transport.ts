@@ -2,9 +2,10 @@ import { mkdir, rename, writeFile } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { PassThrough, Readable } from 'node:stream';
-import nodemailer, { type SendMailOptions, type Transporter } from 'nodemailer';
+import nodemailer, { type SendMailOptions } from 'nodemailer';
 import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import DKIM from 'nodemailer/lib/dkim/index.js';
+import SMTPPool from 'nodemailer/lib/smtp-pool/index.js';
 import type { Config } from '../config.js';
 import { withSubmittedParts } from '../submission/delivery.js';
 import type { SubmittedParts } from '../submission/queries.js';
@@ -152,7 +153,12 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
   }
 
   if (!config.smtpUrl) throw new Error('SMTP_URL is required when MAIL_TRANSPORT=smtp');
-  const transporter: Transporter = nodemailer.createTransport({
+  // nodemailer's pool transport itself (what `createTransport({ pool: true })` wraps in its
+  // Mail layer), used through the transport interface nodemailer documents for custom
+  // transports: `send({ data, message })` with the compiled MIME node. The message is
+  // compiled and built here once; Mail.sendMail would parse the built message again (a
+  // second compile, Message-ID and boundaries generated anew) before sending it.
+  const pool: SmtpPool = new SMTPPool({
     ...smtpConnection(config.smtpUrl),
     pool: true,
     maxConnections: options.maxConnections ?? config.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
@@ -160,11 +166,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
     connectionTimeout: CONNECT_TIMEOUT_MS,
     greetingTimeout: 10_000,
     socketTimeout: 60_000,
-  });
-  // The pool itself (the transport under nodemailer's Mail): the message is compiled and
-  // built here once, and handed to it as it is; Mail.sendMail would parse the built message
-  // again (a second compile, Message-ID and boundaries generated anew) before sending it.
-  const pool = (transporter as unknown as { transporter: SmtpPool }).transporter;
+  }) as unknown as SmtpPool;
   // DKIM signing in worker threads (dkim-pool.ts), made on the first signed message: a
   // process that never signs (the API) starts none. 0 threads: signed on the event loop.
   const threads = config.dkimThreads ?? defaultDkimThreads();
@@ -218,7 +220,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       dkim = resolver;
     },
     close() {
-      transporter.close();
+      pool.close();
       void signer?.close();
     },
   };
@@ -230,9 +232,13 @@ export function withoutSkipped<E extends { to: string[] }>(envelope: E, skip: re
   return { ...envelope, to: envelope.to.filter((address) => !skipped.has(address.trim().toLowerCase())) };
 }
 
-/** What the Mail layer hands the SMTP pool: the message node (envelope, Message-ID, stream). */
+/**
+ * nodemailer's SMTPPool as a transport: `send` takes the message node (envelope, Message-ID,
+ * stream) and answers false once the pool is closed (its typings say void).
+ */
 interface SmtpPool {
   send(mail: { data: object; message: unknown }, callback: (error: Error | null, info?: { response?: string }) => void): boolean;
+  close(): void;
 }
 
 /**

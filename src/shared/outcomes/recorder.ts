@@ -171,8 +171,13 @@ const INSERT_EVENTS = `insert into email_events (email_id, organization_id, type
   select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
   from unnest(?::text[], ?::text[], ?::timestamptz[], ?::text[], ?::text[], ?::text[]) as h(email_id, type, at, ip, ua, url)
   join emails e on e.id = h.email_id`;
-let placeholder = 0;
-const INSERT_EVENTS_PG = INSERT_EVENTS.replace(/\?/g, () => `$${++placeholder}`);
+const INSERT_EVENTS_PG = numberPlaceholders(INSERT_EVENTS);
+
+/** `?` → `$1`, `$2`, ... (pg's placeholders). */
+function numberPlaceholders(sql: string): string {
+  let n = 0;
+  return sql.replace(/\?/g, () => `$${++n}`);
+}
 
 function eventColumns(hits: TrackingHit[]): unknown[] {
   const n = hits.length;

@@ -32,19 +32,3 @@ export class SendGate {
     return (html) => addTracking(html, { emailId, trackOpens, trackClicks, publicUrl, signer });
   }
 }
-
-const gates = new WeakMap<Services, SendGate>();
-
-/** One gate per process's services. */
-export function sendGateOf(services: Services): SendGate {
-  let gate = gates.get(services);
-  if (!gate) {
-    gate = new SendGate({
-      publicUrl: services.config.publicUrl,
-      signer: services.signer,
-      onSuppressed: () => services.metrics.emailsFailed.inc({ reason: 'suppressed' }),
-    });
-    gates.set(services, gate);
-  }
-  return gate;
-}

@@ -75,7 +75,9 @@ const FOREIGN = /<(?:svg|math)[\t\n\f\r />]/i;
 // Elements whose content is text up to their end tag (RCDATA, RAWTEXT, script data; noscript
 // too, as parse5 parses with scripting on).
 const RAW_TEXT = new Set(['script', 'style', 'xmp', 'iframe', 'noembed', 'noframes', 'noscript', 'title', 'textarea']);
-const rawTextEnds = new Map<string, RegExp>();
+// The end tag of each: made once, never added to (a regex's lastIndex is set before each
+// synchronous use, so sharing them is safe).
+const RAW_TEXT_ENDS: ReadonlyMap<string, RegExp> = new Map([...RAW_TEXT].map((name) => [name, new RegExp(`</${name}[\\t\\n\\f\\r />]`, 'ig')]));
 
 const isSpace = (c: number) => c === 0x20 || c === 0x0a || c === 0x09 || c === 0x0c || c === 0x0d;
 const isAlpha = (c: number) => (c >= 0x61 && c <= 0x7a) || (c >= 0x41 && c <= 0x5a);
@@ -147,11 +149,7 @@ export function scanTags(html: string): { links: Link[]; bodyEnd?: number } | un
     if (tag.href) links.push(tag.href);
     if (tag.name === 'plaintext') break;
     if (RAW_TEXT.has(tag.name)) {
-      let end = rawTextEnds.get(tag.name);
-      if (!end) {
-        end = new RegExp(`</${tag.name}[\\t\\n\\f\\r />]`, 'ig');
-        rawTextEnds.set(tag.name, end);
-      }
+      const end = RAW_TEXT_ENDS.get(tag.name)!;
       end.lastIndex = i;
       const found = end.exec(html);
       const close = found ? found.index : n;

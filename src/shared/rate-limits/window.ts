@@ -100,3 +100,8 @@ export class WindowRateLimiter {
 export function organizationRateLimiter(services: { redis: Redis; config: Pick<Config, 'redisPrefix' | 'rateLimitOrgPerSecond'> }): WindowRateLimiter {
   return new WindowRateLimiter(services, { scope: 'rlo', limit: services.config.rateLimitOrgPerSecond });
 }
+
+/** The per-token limiter (contract 5): RATE_LIMIT_PER_SECOND per token, shared by every API process. */
+export function tokenRateLimiter(services: { redis: Redis; config: Pick<Config, 'redisPrefix' | 'rateLimitPerSecond'> }): WindowRateLimiter {
+  return new WindowRateLimiter(services, { scope: 'rl', limit: services.config.rateLimitPerSecond });
+}

@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Redis } from 'ioredis';
+import { LRUCache } from 'lru-cache';
 import type { Services } from '../container.js';
 import { tokenChangesChannel } from './revoke.js';
 import { listTokens } from './service.js';
@@ -20,13 +21,8 @@ const TTL_MS = 5_000;
 const MAX_CACHED_TOKENS = 1_000;
 const MAX_ORGANIZATIONS = 10_000;
 
-interface Entry {
-  items: TokenSummaryRow[];
-  expiresAt: number;
-}
-
 /**
- * An organization's token list, kept in process between writes.
+ * An organization's token list, kept in process between writes (an LRU with a TTL, lru-cache).
  *
  * Tokens are added by the create route and deleted by the revoke route or the operator CLI
  * (contract 16). A change drops the entry of its own process and publishes the organization id on
@@ -37,7 +33,7 @@ interface Entry {
  * that began before a change was announced never stores its (possibly older) result.
  */
 export class TokenListCache {
-  private readonly entries = new Map<string, Entry>();
+  private readonly entries = new LRUCache<string, TokenSummaryRow[]>({ max: MAX_ORGANIZATIONS, ttl: TTL_MS });
   /** Bumped by every announced change (tokens are created rarely): a listing that began
    * before the last change does not store its result. */
   private generation = 0;
@@ -45,12 +41,13 @@ export class TokenListCache {
   private subscriber: Redis | undefined;
   private subscribed = false;
 
-  constructor(private readonly services: Services) {
+  constructor(private readonly services: Pick<Services, 'redis' | 'config' | 'logger'>) {
     this.channel = tokenChangesChannel(services.config);
   }
 
   /** Subscribes to change announcements; the cache stays unused until that succeeds. */
   start(): void {
+    if (this.subscriber) return;
     const subscriber = this.services.redis.duplicate({ autoResubscribe: false, commandTimeout: undefined });
     subscriber.on('error', (error) => this.services.logger.debug({ err: error }, 'token list subscriber error'));
     subscriber.on('ready', () => {
@@ -83,16 +80,15 @@ export class TokenListCache {
     organizationId: string,
     limit: number | undefined,
   ): Promise<{ items: TokenSummaryRow[]; hasMore: boolean }> {
-    const now = Date.now();
     const cached = this.subscribed ? this.entries.get(organizationId) : undefined;
     let items: TokenSummaryRow[];
-    if (cached && cached.expiresAt > now) {
-      items = cached.items;
+    if (cached) {
+      items = cached;
     } else {
       const generation = this.generation;
       const rows = (await listTokens(em, organizationId, undefined)).items;
       items = rows.map((t) => ({ id: t.id, name: t.name, last4: t.last4, permissions: t.permissions, createdAt: t.createdAt }));
-      if (this.subscribed && this.generation === generation && items.length <= MAX_CACHED_TOKENS) this.store(organizationId, items, now);
+      if (this.subscribed && this.generation === generation && items.length <= MAX_CACHED_TOKENS) this.entries.set(organizationId, items);
     }
     const hasMore = limit !== undefined && items.length > limit;
     return { items: hasMore ? items.slice(0, limit) : items, hasMore };
@@ -110,13 +106,5 @@ export class TokenListCache {
   private forget(organizationId: string): void {
     this.entries.delete(organizationId);
     this.generation += 1;
-  }
-
-  private store(organizationId: string, items: TokenSummaryRow[], now: number): void {
-    if (this.entries.size >= MAX_ORGANIZATIONS) {
-      const oldest = this.entries.keys().next().value;
-      if (oldest !== undefined) this.entries.delete(oldest);
-    }
-    this.entries.set(organizationId, { items, expiresAt: now + TTL_MS });
   }
 }

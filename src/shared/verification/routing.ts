@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { LRUCache } from 'lru-cache';
 import type { DnsLookup } from '../dns/types.js';
 import { isPinnedProvider } from './lists.js';
 
@@ -72,29 +73,25 @@ export function routingTtl(domain: string, routing: Routing): number {
 /**
  * A small in-process copy of the Redis cache in front of it: the busiest domains (the big
  * providers) then cost no round trip at all. Entries live at most a minute, so a change
- * in Redis (expiry) is seen by every process soon after.
+ * in Redis (expiry) is seen by every process soon after. An LRU with per-entry TTLs (lru-cache).
  */
 export class LocalRoutingCache {
-  private readonly entries = new Map<string, { routing: Routing; expiresAt: number }>();
+  private readonly entries: LRUCache<string, Routing>;
 
   constructor(
     private readonly ttlMs = 60_000,
-    private readonly max = 10_000,
-  ) {}
-
-  get(domain: string, now: number): Routing | undefined {
-    const entry = this.entries.get(domain);
-    if (entry && entry.expiresAt > now) return entry.routing;
-    if (entry) this.entries.delete(domain);
-    return undefined;
+    max = 10_000,
+  ) {
+    this.entries = new LRUCache({ max, ttl: ttlMs });
   }
 
-  set(domain: string, routing: Routing, ttlSeconds: number, now: number): void {
-    if (this.entries.size >= this.max) {
-      const oldest = this.entries.keys().next().value;
-      if (oldest !== undefined) this.entries.delete(oldest);
-    }
-    this.entries.set(domain, { routing, expiresAt: now + Math.min(this.ttlMs, ttlSeconds * 1000) });
+  get(domain: string): Routing | undefined {
+    return this.entries.get(domain);
+  }
+
+  /** Kept at most a minute, and no longer than Redis keeps it. */
+  set(domain: string, routing: Routing, ttlSeconds: number): void {
+    this.entries.set(domain, routing, { ttl: Math.min(this.ttlMs, ttlSeconds * 1000) });
   }
 }
 
@@ -107,8 +104,7 @@ export interface RoutingDeps {
 
 /** Routing of `domain`, from the shared cache when there, else resolved and cached. */
 export async function lookupRouting(deps: RoutingDeps, domain: string): Promise<RoutingLookup> {
-  const now = Date.now();
-  const local = deps.local?.get(domain, now);
+  const local = deps.local?.get(domain);
   if (local) return { ...local, cacheHit: true };
   const key = deps.cacheKey(domain);
   const replies = await deps.redis.multi().get(key).ttl(key).exec();
@@ -116,13 +112,13 @@ export async function lookupRouting(deps: RoutingDeps, domain: string): Promise<
   const ttl = Number(replies?.[1]?.[1] ?? -1);
   if (cached) {
     const routing = JSON.parse(cached) as Routing;
-    if (ttl > 0) deps.local?.set(domain, routing, ttl, now);
+    if (ttl > 0) deps.local?.set(domain, routing, ttl);
     return { ...routing, cacheHit: true };
   }
   const routing = await resolveRouting(deps.dns, domain);
   if (routing.outcome === 'temporary') return { ...routing, cacheHit: false };
   const seconds = routingTtl(domain, routing);
   await deps.redis.set(key, JSON.stringify(routing), 'EX', seconds);
-  deps.local?.set(domain, routing, seconds, now);
+  deps.local?.set(domain, routing, seconds);
   return { ...routing, cacheHit: false };
 }
