@@ -28,7 +28,7 @@ function fixture(name: string): Buffer {
   return Buffer.from(text);
 }
 
-const ONLY_TO = { to: SENT.to, hasCopies: false };
+const ONLY_TO = { to: SENT.to, copies: [] };
 
 describe('return-path tokens', () => {
   it('round-trips an email id, case-insensitively, within the 64-character local part', () => {
@@ -91,10 +91,12 @@ describe('reading reports', () => {
     expect(verdictOf(await readReport(Buffer.from(relayed), ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
   });
 
-  it('applies a DSN to the email’s `to` only: a report naming only a copy recipient is ignored', async () => {
+  it('applies a DSN to the recipient it names: the `to`, a copy recipient, or none of the email’s (ignored)', async () => {
     const aboutCopy = fixture('postfix-dsn').toString().replaceAll(SENT.to, 'copy@example.com');
     const report = await readReport(Buffer.from(aboutCopy), '');
-    expect(verdictOf(report, { to: SENT.to, hasCopies: true })).toMatchObject({ type: 'ignored' });
+    expect(verdictOf(report, { to: SENT.to, copies: ['other@example.com'] })).toMatchObject({ type: 'ignored' });
+    expect(verdictOf(report, { to: SENT.to, copies: ['other@example.com', 'copy@example.com'] })).toMatchObject({ type: 'bounced', bounceType: 'hard', copy: 'copy@example.com' });
+    expect(verdictOf(await readReport(fixture('postfix-dsn'), ''), { to: SENT.to, copies: ['copy@example.com'] })).not.toHaveProperty('copy');
     // Without copies the only recipient is the `to`, whatever address the remote names (forwarding).
     expect(verdictOf(report, ONLY_TO)).toMatchObject({ type: 'bounced' });
   });

@@ -13,6 +13,7 @@ import { Migration20261125040000Webhooks } from './20261125040000-webhooks.js';
 import { Migration20261125060000ProviderEvents } from './20261125060000-provider-events.js';
 import { Migration20261125070000Submissions } from './20261125070000-submissions.js';
 import { Migration20261125080000Users } from './20261125080000-users.js';
+import { Migration20261125121000CopyRecipientEvents } from './20261125121000-copy-recipient-events.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -34,4 +35,5 @@ export const migrationsList = [
   { name: 'Migration20261125060000ProviderEvents', class: Migration20261125060000ProviderEvents },
   { name: 'Migration20261125070000Submissions', class: Migration20261125070000Submissions },
   { name: 'Migration20261125080000Users', class: Migration20261125080000Users },
+  { name: 'Migration20261125121000CopyRecipientEvents', class: Migration20261125121000CopyRecipientEvents },
 ];
