@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parseFieldBlocks } from '../src/shared/bounces/fields.js';
-import { readReport } from '../src/shared/bounces/report.js';
+import { readDsnDirectly, readReport, readWithMailparser } from '../src/shared/bounces/report.js';
 import { ReturnPaths, returnPathHost } from '../src/shared/bounces/return-path.js';
 import { verdictOf } from '../src/shared/bounces/verdict.js';
 import { newId } from '../src/shared/ids.js';
@@ -137,5 +137,31 @@ describe('reading reports', () => {
     const report = await readReport(raw, '');
     expect(performance.now() - started).toBeLessThan(2_000);
     expect(report.content.kind).toBe('unstructured');
+  });
+});
+
+describe('the direct DSN reader', () => {
+  it('reads the DSN fixtures exactly as mailparser’s parts read them', async () => {
+    for (const name of ['postfix-dsn', 'exim-dsn', 'exim-delayed']) {
+      const raw = fixture(name);
+      const direct = readDsnDirectly(raw);
+      expect(direct, name).toBeDefined();
+      expect(direct, name).toEqual(await readWithMailparser(raw, ''));
+      expect(direct?.content.kind, name).toBe('dsn');
+    }
+  });
+
+  it('leaves to mailparser what it does not read: ARF, unstructured, encoded parts, no closing delimiter', async () => {
+    expect(readDsnDirectly(fixture('yahoo-arf'))).toBeUndefined();
+    expect(readDsnDirectly(fixture('gmail-unstructured'))).toBeUndefined();
+    const postfix = fixture('postfix-dsn').toString();
+    const encoded = postfix.replace('Content-Type: message/delivery-status', 'Content-Type: message/delivery-status\r\nContent-Transfer-Encoding: quoted-printable');
+    expect(encoded).not.toBe(postfix);
+    expect(readDsnDirectly(Buffer.from(encoded))).toBeUndefined();
+    const unclosed = postfix.replace(/--7D1C21A0B3[^\r]*--\r\n$/, '');
+    expect(unclosed).not.toBe(postfix);
+    expect(readDsnDirectly(Buffer.from(unclosed))).toBeUndefined();
+    // Through readReport, both still read as mailparser reads them.
+    expect(await readReport(Buffer.from(encoded), '')).toEqual(await readWithMailparser(Buffer.from(encoded), ''));
   });
 });
