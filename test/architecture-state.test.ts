@@ -24,6 +24,9 @@ const IMMUTABLE: Record<string, string> = {
   'src/shared/emails/queries.ts:JSONB': 'a fixed list of columns',
   'src/shared/emails/render.ts:STYLED_TAGS': 'the keys of a constant',
   'src/shared/bounces/report.ts:DAEMON_LOCAL_PARTS': 'a fixed list',
+  'src/shared/bounces/report.ts:PLAIN_ENCODINGS': 'a fixed list',
+  'src/shared/bounces/report.ts:STATUS_TYPES': 'a fixed list',
+  'src/shared/bounces/report.ts:RETURNED_TYPES': 'a fixed list',
   'src/shared/domains/verification.ts:REQUIRED': 'a fixed list',
   'src/shared/outcomes/tracking-html.ts:RAW_TEXT': 'a fixed list',
   'src/shared/outcomes/tracking-html.ts:RAW_TEXT_ENDS': 'one compiled regex a tag of RAW_TEXT, made at load',
@@ -33,7 +36,6 @@ const IMMUTABLE: Record<string, string> = {
   'src/api/routes/campaigns.ts:KNOWN': 'the keys of a schema',
   // Memos of pure transforms: the same input gives the same output whatever the app or its
   // configuration, so sharing them across a process is harmless.
-  'src/shared/subscribers/sql.ts:numbered': 'memo of the ?-to-$n rewrite of a statement text',
   'src/shared/db/sql.ts:numbered': 'the same memo, where the data-access helper moves it',
   'src/shared/emails/dkim-pool.ts:parsedKeys': 'memo of PEM -> KeyObject',
 };

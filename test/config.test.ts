@@ -145,6 +145,12 @@ describe('loadConfig defaults (contract 2)', () => {
     expect(() => loadConfig({ INBOUND_SMTP_PORT: '70000' })).toThrow(/INBOUND_SMTP_PORT/);
   });
 
+  it('offers STARTTLS on the inbound listener with both INBOUND_TLS_KEY and INBOUND_TLS_CERT, and refuses one alone', () => {
+    expect(loadConfig({ INBOUND_TLS_KEY: '/tls/key.pem', INBOUND_TLS_CERT: '/tls/cert.pem' }).inbound).toMatchObject({ tlsKeyFile: '/tls/key.pem', tlsCertFile: '/tls/cert.pem' });
+    expect(() => loadConfig({ INBOUND_TLS_KEY: '/tls/key.pem' })).toThrow(/INBOUND_TLS_CERT/);
+    expect(() => loadConfig({ INBOUND_TLS_CERT: '/tls/cert.pem' })).toThrow(/INBOUND_TLS_KEY/);
+  });
+
   it('has SMTP submission on 127.0.0.1:2587 with 10 MiB messages by default', () => {
     expect(loadConfig({}).smtpSubmission).toEqual({ host: '127.0.0.1', port: 2587, maxMessageBytes: 10 * 1024 * 1024 });
   });

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parseFieldBlocks } from '../src/shared/bounces/fields.js';
-import { readReport } from '../src/shared/bounces/report.js';
+import { readDsnDirectly, readReport, readWithMailparser } from '../src/shared/bounces/report.js';
 import { ReturnPaths, returnPathHost } from '../src/shared/bounces/return-path.js';
 import { verdictOf } from '../src/shared/bounces/verdict.js';
 import { newId } from '../src/shared/ids.js';
@@ -28,7 +28,7 @@ function fixture(name: string): Buffer {
   return Buffer.from(text);
 }
 
-const ONLY_TO = { to: SENT.to, hasCopies: false };
+const ONLY_TO = { to: SENT.to, copies: [] };
 
 describe('return-path tokens', () => {
   it('round-trips an email id, case-insensitively, within the 64-character local part', () => {
@@ -91,10 +91,12 @@ describe('reading reports', () => {
     expect(verdictOf(await readReport(Buffer.from(relayed), ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
   });
 
-  it('applies a DSN to the email’s `to` only: a report naming only a copy recipient is ignored', async () => {
+  it('applies a DSN to the recipient it names: the `to`, a copy recipient, or none of the email’s (ignored)', async () => {
     const aboutCopy = fixture('postfix-dsn').toString().replaceAll(SENT.to, 'copy@example.com');
     const report = await readReport(Buffer.from(aboutCopy), '');
-    expect(verdictOf(report, { to: SENT.to, hasCopies: true })).toMatchObject({ type: 'ignored' });
+    expect(verdictOf(report, { to: SENT.to, copies: ['other@example.com'] })).toMatchObject({ type: 'ignored' });
+    expect(verdictOf(report, { to: SENT.to, copies: ['other@example.com', 'copy@example.com'] })).toMatchObject({ type: 'bounced', bounceType: 'hard', copy: 'copy@example.com' });
+    expect(verdictOf(await readReport(fixture('postfix-dsn'), ''), { to: SENT.to, copies: ['copy@example.com'] })).not.toHaveProperty('copy');
     // Without copies the only recipient is the `to`, whatever address the remote names (forwarding).
     expect(verdictOf(report, ONLY_TO)).toMatchObject({ type: 'bounced' });
   });
@@ -135,5 +137,31 @@ describe('reading reports', () => {
     const report = await readReport(raw, '');
     expect(performance.now() - started).toBeLessThan(2_000);
     expect(report.content.kind).toBe('unstructured');
+  });
+});
+
+describe('the direct DSN reader', () => {
+  it('reads the DSN fixtures exactly as mailparser’s parts read them', async () => {
+    for (const name of ['postfix-dsn', 'exim-dsn', 'exim-delayed']) {
+      const raw = fixture(name);
+      const direct = readDsnDirectly(raw);
+      expect(direct, name).toBeDefined();
+      expect(direct, name).toEqual(await readWithMailparser(raw, ''));
+      expect(direct?.content.kind, name).toBe('dsn');
+    }
+  });
+
+  it('leaves to mailparser what it does not read: ARF, unstructured, encoded parts, no closing delimiter', async () => {
+    expect(readDsnDirectly(fixture('yahoo-arf'))).toBeUndefined();
+    expect(readDsnDirectly(fixture('gmail-unstructured'))).toBeUndefined();
+    const postfix = fixture('postfix-dsn').toString();
+    const encoded = postfix.replace('Content-Type: message/delivery-status', 'Content-Type: message/delivery-status\r\nContent-Transfer-Encoding: quoted-printable');
+    expect(encoded).not.toBe(postfix);
+    expect(readDsnDirectly(Buffer.from(encoded))).toBeUndefined();
+    const unclosed = postfix.replace(/--7D1C21A0B3[^\r]*--\r\n$/, '');
+    expect(unclosed).not.toBe(postfix);
+    expect(readDsnDirectly(Buffer.from(unclosed))).toBeUndefined();
+    // Through readReport, both still read as mailparser reads them.
+    expect(await readReport(Buffer.from(encoded), '')).toEqual(await readWithMailparser(Buffer.from(encoded), ''));
   });
 });

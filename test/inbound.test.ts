@@ -1,7 +1,12 @@
+import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { mkdtemp } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startInbound, type InboundServer } from '../src/inbound/server.js';
+import { startInbound, startInboundServer, type InboundServer } from '../src/inbound/server.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { inboundProcessor } from '../src/workers/inbound.js';
@@ -26,7 +31,20 @@ let other: { organizationId: string; token: string };
 
 beforeAll(async () => {
   sink = await startSmtpSink();
-  ctx = await createTestContext({ MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, BOUNCE_DOMAIN, INBOUND_MAX_MESSAGE_BYTES: String(2 * 1024 * 1024) });
+  // A self-signed certificate, as test/smtp.test.ts makes one: the listener offers STARTTLS.
+  const dir = await mkdtemp(join(tmpdir(), 'mailroom-inbound-tls-'));
+  await promisify(execFile)('openssl', [
+    'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=localhost',
+    '-keyout', join(dir, 'key.pem'), '-out', join(dir, 'cert.pem'),
+  ]);
+  ctx = await createTestContext({
+    MAIL_TRANSPORT: 'smtp',
+    SMTP_URL: sink.url,
+    BOUNCE_DOMAIN,
+    INBOUND_MAX_MESSAGE_BYTES: String(2 * 1024 * 1024),
+    INBOUND_TLS_KEY: join(dir, 'key.pem'),
+    INBOUND_TLS_CERT: join(dir, 'cert.pem'),
+  });
   acme = await createOrg(ctx.services, { name: 'Acme' });
   other = await createOrg(ctx.services, { name: 'Other' });
   // acme.test is a domain of Acme: its mail returns to bounces.acme.test. Other sends from a
@@ -64,8 +82,8 @@ interface Sent {
 }
 
 /** Sends an email through the API and waits until the sink has it; returns its return path. */
-async function send(to: string, org = acme, from = 'Acme News <news@acme.test>'): Promise<Sent> {
-  const response = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails', headers: bearer(org.token), payload: { from, to, subject: 'Hello', html: '<p>Hi</p>' } });
+async function send(to: string, org = acme, from = 'Acme News <news@acme.test>', copies: { cc?: string[]; bcc?: string[] } = {}): Promise<Sent> {
+  const response = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails', headers: bearer(org.token), payload: { from, to, subject: 'Hello', html: '<p>Hi</p>', ...copies } });
   expect(response.statusCode).toBe(200);
   const id = response.json().id as string;
   const messageId = `${id}@${from.slice(from.indexOf('@') + 1).replace('>', '')}`;
@@ -90,8 +108,8 @@ function fixture(name: string, sent: Pick<Sent, 'to' | 'from' | 'messageId' | 'r
 }
 
 /** Delivers a report to the listener with nodemailer's SMTP client; envelope sender `<>` by default. */
-async function deliver(raw: string | Buffer, to: string, from = '') {
-  const client = nodemailer.createTransport({ host: '127.0.0.1', port: inbound.port, secure: false, ignoreTLS: true, connectionTimeout: 5_000 });
+async function deliver(raw: string | Buffer, to: string, from = '', port = inbound.port) {
+  const client = nodemailer.createTransport({ host: '127.0.0.1', port, secure: false, ignoreTLS: true, connectionTimeout: 5_000 });
   try {
     return await client.sendMail({ envelope: { from, to: [to] }, raw });
   } finally {
@@ -323,5 +341,131 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     await deliver(fixture('postfix-dsn', sent), sent.returnPath);
     await readReports(sent.returnPath);
     expect((await getEmail(sent.id)).last_event).toBe('bounced');
+  });
+});
+
+describe('STARTTLS', () => {
+  it('is offered with INBOUND_TLS_KEY and INBOUND_TLS_CERT: a client requiring TLS delivers a DSN over it', async () => {
+    const sent = await send('tls-user@example.com');
+    // requireTLS: the client fails unless STARTTLS is offered and succeeds.
+    const client = nodemailer.createTransport({ host: '127.0.0.1', port: inbound.port, secure: false, requireTLS: true, tls: { rejectUnauthorized: false }, connectionTimeout: 5_000 });
+    try {
+      const info = await client.sendMail({ envelope: { from: '', to: [sent.returnPath] }, raw: fixture('postfix-dsn', sent) });
+      expect(info.accepted).toEqual([sent.returnPath]);
+    } finally {
+      client.close();
+    }
+    const [report] = await readReports(sent.returnPath);
+    expect(report!.outcome).toMatchObject({ verdict: { type: 'bounced', bounceType: 'hard' } });
+    expect((await getEmail(sent.id)).last_event).toBe('bounced');
+  });
+
+  it('is not offered without a certificate: a client requiring TLS is turned away', async () => {
+    const plain = await startInboundServer({
+      host: '127.0.0.1',
+      port: 0,
+      maxMessageBytes: 1024 * 1024,
+      maxConnections: 5,
+      returnPaths: ctx.services.returnPaths,
+      logger: ctx.services.logger,
+      accept: async () => {},
+    });
+    try {
+      const sent = await send('no-tls@example.com');
+      const client = nodemailer.createTransport({ host: '127.0.0.1', port: plain.port, secure: false, requireTLS: true, connectionTimeout: 5_000 });
+      await expect(client.sendMail({ envelope: { from: '', to: [sent.returnPath] }, raw: fixture('postfix-dsn', sent) })).rejects.toThrow(/STARTTLS/i);
+      client.close();
+      // The same listener serves a client that does not ask for TLS.
+      await deliver(fixture('postfix-dsn', sent), sent.returnPath, '', plain.port);
+    } finally {
+      await plain.close();
+    }
+  });
+});
+
+describe('copy recipients (cc, bcc)', () => {
+  it('a DSN for a cc recipient suppresses that address and records its event; the email’s status follows its `to`', async () => {
+    const sent = await send('main-reader@example.com', acme, 'Acme News <news@acme.test>', { cc: ['Copy Reader <Copy-Reader@example.com>'], bcc: ['hidden-reader@example.com'] });
+    await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(acme.token), payload: { email: 'copy-reader@example.com' } });
+
+    await deliver(fixture('postfix-dsn', { ...sent, to: 'copy-reader@example.com' }), sent.returnPath);
+    const [copy] = await readReports(sent.returnPath);
+    expect(copy!.outcome).toMatchObject({ status: 'applied', verdict: { type: 'bounced', bounceType: 'hard', copy: 'copy-reader@example.com' } });
+    expect((await getEmail(sent.id)).last_event).toBe('sent');
+    expect(await suppressed(acme.organizationId, 'copy-reader@example.com')).toBe(true);
+    expect(await suppressed(acme.organizationId, 'main-reader@example.com')).toBe(false);
+    const [subscriber] = await sql<{ status: string }>(`select status from subscribers where organization_id = ? and email = ?`, [acme.organizationId, 'copy-reader@example.com']);
+    expect(subscriber!.status).toBe('BOUNCED');
+    const [history] = await sql<{ hard_bounced_at: Date | null }>(`select hard_bounced_at from verification_history where email = ?`, ['copy-reader@example.com']);
+    expect(history?.hard_bounced_at).toBeTruthy();
+
+    // An ARF report about the bcc recipient: a complaint about that address.
+    await deliver(fixture('yahoo-arf', { ...sent, to: 'hidden-reader@example.com' }), sent.returnPath, 'feedback@reports.example');
+    const rows = await readReports(sent.returnPath, 2);
+    expect(rows[1]!.outcome).toMatchObject({ verdict: { type: 'complained', copy: 'hidden-reader@example.com' } });
+    expect(await suppressed(acme.organizationId, 'hidden-reader@example.com')).toBe(true);
+    expect((await getEmail(sent.id)).last_event).toBe('sent');
+
+    // Then the `to` bounces: its own event, and the email reads bounced.
+    await deliver(fixture('postfix-dsn', sent), sent.returnPath);
+    const all = await readReports(sent.returnPath, 3);
+    expect(all[2]!.outcome).toMatchObject({ verdict: { type: 'bounced' }, changed: true });
+    expect(all[2]!.outcome).not.toHaveProperty('verdict.copy');
+    expect((await getEmail(sent.id)).last_event).toBe('bounced');
+    expect(await suppressed(acme.organizationId, 'main-reader@example.com')).toBe(true);
+    const events = await sql<{ type: string; recipient: string | null }>(
+      `select type, details ->> 'recipient' as recipient from email_events where email_id = ? order by coalesce(details ->> 'recipient', '~')`,
+      [sent.id],
+    );
+    expect(events).toEqual([
+      { type: 'bounced', recipient: 'copy-reader@example.com' },
+      { type: 'complained', recipient: 'hidden-reader@example.com' },
+      { type: 'bounced', recipient: null },
+    ]);
+  });
+
+  it('a DSN of an email with copies that names none of its recipients is ignored', async () => {
+    const sent = await send('main2@example.com', acme, 'Acme News <news@acme.test>', { cc: ['cc2@example.com'] });
+    await deliver(fixture('postfix-dsn', { ...sent, to: 'stranger@example.com' }), sent.returnPath);
+    const [report] = await readReports(sent.returnPath);
+    expect(report!.status).toBe('ignored');
+    expect(await suppressed(acme.organizationId, 'stranger@example.com')).toBe(false);
+    expect(await suppressed(acme.organizationId, 'cc2@example.com')).toBe(false);
+  });
+});
+
+describe('the inbound reports metric', () => {
+  async function counts(): Promise<Record<string, number>> {
+    const response = await ctx.app.inject({ url: '/metrics' });
+    expect(response.statusCode).toBe(200);
+    const out: Record<string, number> = { applied: 0, duplicate: 0, unmatched: 0, refused: 0 };
+    for (const match of response.body.matchAll(/^mailroom_inbound_reports_total\{outcome="(\w+)"\} (\d+)/gm)) out[match[1]!] = Number(match[2]);
+    return out;
+  }
+
+  it('counts real reports by outcome: applied, duplicate, unmatched, refused', async () => {
+    const before = await counts();
+    const sent = await send('metric@example.com');
+    const raw = fixture('postfix-dsn', sent);
+    await deliver(raw, sent.returnPath);
+    await readReports(sent.returnPath);
+    await deliver(raw, sent.returnPath);
+    await readReports(sent.returnPath, 2);
+    // A valid token on another organization's return-path host: no email of that host.
+    const victim = await send('metric-victim@example.com', other, 'Other <hello@other.test>');
+    const moved = `${victim.returnPath.split('@')[0]}@bounces.acme.test`;
+    await deliver(fixture('postfix-dsn', { ...victim, returnPath: moved }), moved);
+    await readReports(moved);
+    // Refused at RCPT (not a return path), and read but not a report (no mailer-daemon).
+    await expect(deliver(raw, 'postmaster@bounces.acme.test')).rejects.toMatchObject({ responseCode: 550 });
+    const personal = await send('metric-person@example.com');
+    await deliver(`From: someone@example.com\r\nTo: ${personal.returnPath}\r\nSubject: Re: Hello\r\n\r\nThanks!\r\n`, personal.returnPath, 'someone@example.com');
+    await readReports(personal.returnPath);
+
+    const after = await counts();
+    expect(after.applied! - before.applied!).toBe(1);
+    expect(after.duplicate! - before.duplicate!).toBe(1);
+    expect(after.unmatched! - before.unmatched!).toBe(1);
+    expect(after.refused! - before.refused!).toBe(2);
   });
 });

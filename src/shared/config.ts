@@ -133,6 +133,9 @@ const envSchema = z
     INBOUND_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).default(10 * 1024 * 1024),
     // A message is held in memory until stored: connections x size bounds the memory used.
     INBOUND_MAX_CONNECTIONS: z.coerce.number().int().positive().default(50),
+    // PEM paths: with both, the inbound listener offers STARTTLS; without, it does not.
+    INBOUND_TLS_KEY: z.string().min(1).optional(),
+    INBOUND_TLS_CERT: z.string().min(1).optional(),
     BOUNCE_DOMAIN: z
       .string()
       .transform((v, ctx) => normalizeHostname(v) ?? (ctx.addIssue({ code: 'custom', message: 'expected a host name' }), z.NEVER))
@@ -162,6 +165,10 @@ const envSchema = z
     if ((env.SMTP_TLS_CERT_FILE === undefined) !== (env.SMTP_TLS_KEY_FILE === undefined)) {
       const missing = env.SMTP_TLS_CERT_FILE === undefined ? 'SMTP_TLS_CERT_FILE' : 'SMTP_TLS_KEY_FILE';
       ctx.addIssue({ code: 'custom', path: [missing], message: 'is required with the other of SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE' });
+    }
+    if ((env.INBOUND_TLS_KEY === undefined) !== (env.INBOUND_TLS_CERT === undefined)) {
+      const missing = env.INBOUND_TLS_KEY === undefined ? 'INBOUND_TLS_KEY' : 'INBOUND_TLS_CERT';
+      ctx.addIssue({ code: 'custom', path: [missing], message: 'is required with the other of INBOUND_TLS_KEY and INBOUND_TLS_CERT' });
     }
     if (env.SMTP_SUBMISSION_TLS_PORT !== undefined && env.SMTP_TLS_CERT_FILE === undefined) {
       ctx.addIssue({ code: 'custom', path: ['SMTP_SUBMISSION_TLS_PORT'], message: 'needs SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE' });
@@ -235,6 +242,9 @@ export interface Config {
     maxMessageBytes: number;
     maxConnections: number;
     bounceDomain: string;
+    /** PEM key and certificate files: STARTTLS is offered when both are set. */
+    tlsKeyFile: string | undefined;
+    tlsCertFile: string | undefined;
   };
   /** Webhooks: endpoint URLs may resolve to private addresses (default: outside production). */
   webhookAllowPrivateUrls: boolean;
@@ -322,6 +332,8 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       maxMessageBytes: e.INBOUND_MAX_MESSAGE_BYTES,
       maxConnections: e.INBOUND_MAX_CONNECTIONS,
       bounceDomain: e.BOUNCE_DOMAIN ?? new URL(publicUrl).hostname.toLowerCase(),
+      tlsKeyFile: e.INBOUND_TLS_KEY,
+      tlsCertFile: e.INBOUND_TLS_CERT,
     },
     webhookAllowPrivateUrls: e.WEBHOOK_ALLOW_PRIVATE_URLS ?? e.NODE_ENV !== 'production',
     emailRetentionDays: e.EMAIL_RETENTION_DAYS,

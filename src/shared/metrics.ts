@@ -41,6 +41,12 @@ export interface Metrics {
   emailsComplained: Counter<never>;
   /** Given up on (suppressed, rejected by the relay, out of attempts). `reason`: a short code. */
   emailsFailed: Counter<'reason'>;
+  /**
+   * Bounce and complaint reports by mail (docs/outcomes.md). `outcome`: applied (an effect),
+   * duplicate (a replay: nothing new), unmatched (no email of the return path's organization),
+   * refused (refused by the listener, or read and found to be no report to act on).
+   */
+  inboundReports: Counter<'outcome'>;
 
   // Campaigns.
   /** Recipients written (one email row each) by campaign fan-out. */
@@ -116,6 +122,7 @@ export function createMetrics(sources: MetricsSources): Metrics {
     emailsBounced: counter('mailroom_emails_bounced_total', 'Emails reported bounced', ['type']),
     emailsComplained: counter('mailroom_emails_complained_total', 'Emails reported as spam by the recipient'),
     emailsFailed: counter('mailroom_emails_failed_total', 'Emails given up on', ['reason']),
+    inboundReports: counter('mailroom_inbound_reports_total', 'Bounce and complaint reports received by mail, by outcome', ['outcome']),
     campaignRecipientsQueued: counter('mailroom_campaign_recipients_queued_total', 'Campaign recipients written by fan-out'),
     campaignsFinished: counter('mailroom_campaigns_finished_total', 'Campaigns that reached a final state', ['status']),
     verificationChecks: counter('mailroom_verification_checks_total', 'Address verification checks answered', ['result']),

@@ -1,5 +1,5 @@
 import { processReports } from '../shared/bounces/process.js';
-import { purgeReports, unreadReportIds } from '../shared/bounces/store.js';
+import { purgeReports, unreadReportIds } from '../shared/bounces/queries.js';
 import { defineProcessor } from './runner.js';
 
 // A report still unread this long after it arrived has lost its job (Redis restarted empty).

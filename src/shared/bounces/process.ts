@@ -1,20 +1,28 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { mailboxDomain } from '../emails/addresses.js';
 import type { Metrics } from '../metrics.js';
-import { applyDeliveryFeedback } from '../outcomes/provider-events.js';
+import { applyFeedbackBatch, countFeedback, type FeedbackItem } from '../outcomes/provider-events.js';
+import { bareAddress } from './fields.js';
 import { readReport } from './report.js';
 import { returnPathHost } from './return-path.js';
-import { claimReports, emailByMessageId, emailsById, finishReports, pendingReports, type ReportEmail } from './store.js';
+import { claimReports, emailByMessageId, emailsById, finishReports, pendingReports, type ReportEmail } from './queries.js';
 import { verdictOf, type Verdict } from './verdict.js';
+
+/** A report's outcome as the metric counts it (docs/operations.md). */
+export type ReportMetricOutcome = 'applied' | 'duplicate' | 'unmatched' | 'refused';
 
 export interface ReportOutcome {
   status: 'applied' | 'ignored';
+  /** Ignored because no email of the return path's organization matches (not for its content). */
+  unmatched?: boolean;
   emailId: string | null;
   verdict: Verdict;
   /** The customer webhook event this report stands for (contract 17), when it is one. */
   event?: 'email.bounced' | 'email.complained' | 'email.delivery_delayed';
   /** False when the outcome recorder found nothing new (a replay or a lower status). */
   changed?: boolean;
+  /** The report's event was recorded now (not a replay of one already recorded). */
+  fresh?: boolean;
 }
 
 export interface ProcessDeps {
@@ -32,18 +40,24 @@ export function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
   return undefined;
 }
 
+/** The metric outcome of a report read. */
+export function metricOutcome(outcome: ReportOutcome): ReportMetricOutcome {
+  if (outcome.status === 'ignored') return outcome.unmatched ? 'unmatched' : 'refused';
+  return outcome.changed || outcome.fresh ? 'applied' : 'duplicate';
+}
+
 /**
  * Reads stored reports and applies them (contract 18a). The email is the one a report's
  * return-path token names; the returned message's Message-ID, when the report carries it,
  * must be that email's or another email of the same organization (a feedback loop
  * registered with one return path reports others), never another organization's. The
- * effects are those of the provider webhook (contract 11), through the same function
- * (`applyDeliveryFeedback`, as the provider webhooks), in the transaction that marks the reports read (their rows locked
- * first): a report has one effect however often its job runs, and the same report received
- * twice has one effect because every write of that function is idempotent. The reports of
- * one SMTP batch are read together (one query for the reports, one for their emails, one
- * transaction). Returns the outcome of each report read now; unknown and already read
- * reports are left out.
+ * effects are those of the provider webhooks (contract 11), through the same recorder
+ * (`applyFeedbackBatch`, one statement a table for the whole batch), in the transaction that
+ * marks the reports read (their rows locked first): a report has one effect however often
+ * its job runs, and the same report received twice has one effect because every write of
+ * the recorder is idempotent. The reports of one job are read together (one query for the
+ * reports, one for their emails, one transaction). Returns the outcome of each report read
+ * now; unknown and already read reports are left out.
  */
 export async function processReports(em: EntityManager, reportIds: string[], deps: ProcessDeps): Promise<Map<string, ReportOutcome>> {
   const reports = await pendingReports(em, reportIds);
@@ -54,37 +68,44 @@ export async function processReports(em: EntityManager, reportIds: string[], dep
   for (const report of reports) {
     const read = await readReport(report.raw, report.mail_from);
     const { email, reason } = await matchEmail(em, emails.get(report.email_id), report.rcpt_to, read.originalMessageId, deps.bounceDomain);
-    const verdict: Verdict = email ? verdictOf(read, { to: email.address, hasCopies: email.has_copies }) : { type: 'ignored', reason: reason! };
+    const copies = email ? email.copies.map((c) => bareAddress(c)).filter((c): c is string => c !== null) : [];
+    const verdict: Verdict = email ? verdictOf(read, { to: email.address, copies }) : { type: 'ignored', reason: reason! };
     const event = webhookEventOf(verdict);
-    planned.push({ id: report.id, email, outcome: { status: verdict.type === 'ignored' ? 'ignored' : 'applied', emailId: email?.id ?? null, verdict, ...(event ? { event } : {}) } });
+    planned.push({
+      id: report.id,
+      email,
+      outcome: { status: verdict.type === 'ignored' ? 'ignored' : 'applied', ...(email ? {} : { unmatched: true }), emailId: email?.id ?? null, verdict, ...(event ? { event } : {}) },
+    });
   }
 
-  return em.transactional(async (tx) => {
+  const { outcomes, items, results } = await em.transactional(async (tx) => {
     const claimed = await claimReports(tx as EntityManager, planned.map((p) => p.id));
-    for (const { id, email, outcome } of planned) {
-      if (!claimed.has(id)) continue;
-      const verdict = outcome.verdict;
-      if (email && verdict.type !== 'ignored') {
-        const result = await applyDeliveryFeedback(
-          tx as EntityManager,
-          {
-            type: verdict.type === 'delayed' ? 'delivery_delayed' : verdict.type,
-            messageId: email.message_id!,
-            bounceType: verdict.type === 'bounced' ? verdict.bounceType : undefined,
-            diagnostic: verdict.diagnostic,
-          },
-          { metrics: deps.metrics, now: deps.now },
-        );
-        outcome.changed = result?.changed ?? false;
-      }
-      // Customer webhooks (contract 17): `outcome.event` is written to the webhook outbox
-      // here, in this transaction, once that outbox exists; until then it is recorded with
-      // the report.
-      done.set(id, outcome);
-    }
+    const read = planned.filter((p) => claimed.has(p.id));
+    const applied = read.filter((p) => p.email && p.outcome.verdict.type !== 'ignored');
+    const items: FeedbackItem[] = applied.map(({ email, outcome: { verdict } }) => {
+      if (verdict.type === 'ignored') throw new Error('unreachable');
+      return {
+        emailId: email!.id,
+        type: verdict.type === 'delayed' ? 'delivery_delayed' : verdict.type,
+        bounceType: verdict.type === 'bounced' ? verdict.bounceType : undefined,
+        diagnostic: verdict.diagnostic,
+        copy: verdict.copy,
+      };
+    });
+    const results = await applyFeedbackBatch(tx as EntityManager, items, deps.now);
+    applied.forEach((p, i) => {
+      p.outcome.changed = results[i]?.changed ?? false;
+      if (results[i]?.fresh) p.outcome.fresh = true;
+    });
+    // Customer webhooks (contract 17) are written to the outbox by the recorder, in this
+    // transaction; `outcome.event` names the event with the report.
+    for (const p of read) done.set(p.id, p.outcome);
     await finishReports(tx as EntityManager, [...done].map(([id, outcome]) => ({ id, outcome })), deps.now);
-    return done;
+    return { outcomes: done, items, results };
   });
+  countFeedback(deps.metrics, items, results);
+  if (deps.metrics) for (const outcome of outcomes.values()) deps.metrics.inboundReports.inc({ outcome: metricOutcome(outcome) });
+  return outcomes;
 }
 
 async function matchEmail(

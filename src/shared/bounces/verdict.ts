@@ -2,16 +2,19 @@ import type { ReadReport, RecipientStatus } from './report.js';
 
 /** What a report means for the email it was matched to (contract 18a). */
 export type Verdict =
-  | { type: 'bounced'; bounceType: 'hard' | 'soft'; diagnostic: string }
-  | { type: 'complained'; diagnostic: string }
-  | { type: 'delayed'; diagnostic: string }
+  | { type: 'bounced'; bounceType: 'hard' | 'soft'; diagnostic: string; copy?: string }
+  | { type: 'complained'; diagnostic: string; copy?: string }
+  | { type: 'delayed'; diagnostic: string; copy?: string }
   | { type: 'ignored'; reason: string };
 
 export interface MatchedEmail {
-  /** The bare, lower-cased `to` address: the one the outcome recorder acts on. */
+  /** The bare, lower-cased `to` address. */
   to: string;
-  /** The email has `cc` or `bcc` recipients: a report must then name the `to` address. */
-  hasCopies: boolean;
+  /**
+   * The bare, lower-cased `cc` and `bcc` addresses. When there are any, a report must name
+   * the recipient it is about: the `to`, or one of these (`copy` in the verdict).
+   */
+  copies: readonly string[];
 }
 
 const DIAGNOSTIC_MAX = 1_000;
@@ -21,8 +24,10 @@ const DIAGNOSTIC_MAX = 1_000;
  *   `Action: delayed` is a delay; other actions (delivered, relayed, expanded) change nothing.
  * - ARF: `Feedback-Type: abuse` is a complaint; other feedback types change nothing.
  * - Unstructured, from a mailer-daemon: soft, unless the text carries a 5.x.x status or 550.
- * The outcome recorder acts on the email's `to` address, so a report about a copy recipient
- * (cc, bcc) of the email is ignored rather than applied to the wrong address.
+ * A report about a copy recipient (cc, bcc) names it as `copy`: the recorder then acts on
+ * that address and leaves the email's status, which follows its `to` (docs/outcomes.md). A
+ * report of an email with copies that names none of its recipients is ignored rather than
+ * applied to the wrong address.
  */
 export function verdictOf(report: ReadReport, email: MatchedEmail): Verdict {
   if (report.loop) return { type: 'ignored', reason: 'the returned message is itself a bounce or report' };
@@ -31,19 +36,30 @@ export function verdictOf(report: ReadReport, email: MatchedEmail): Verdict {
     case 'unreadable':
       return { type: 'ignored', reason: content.reason };
     case 'dsn': {
-      const named = content.recipients.filter((r) => r.finalRecipient === email.to || r.originalRecipient === email.to);
-      if (named.length === 0 && email.hasCopies) return { type: 'ignored', reason: 'the report names no `to` recipient of the email' };
-      const blocks = named.length > 0 ? named : content.recipients;
+      const names = (r: RecipientStatus, address: string) => r.finalRecipient === address || r.originalRecipient === address;
+      let blocks = content.recipients.filter((r) => names(r, email.to));
+      let copy: string | undefined;
+      if (blocks.length === 0 && email.copies.length > 0) {
+        // About a copy: the first copy recipient it names (a failure before a delay).
+        const aboutCopies = content.recipients.filter((r) => email.copies.some((c) => names(r, c)));
+        const first = aboutCopies.find((r) => r.action === 'failed') ?? aboutCopies.find((r) => r.action === 'delayed') ?? aboutCopies[0];
+        if (!first) return { type: 'ignored', reason: 'the report names no recipient of the email' };
+        copy = email.copies.find((c) => names(first, c))!;
+        blocks = [first];
+      }
+      if (blocks.length === 0) blocks = content.recipients;
+      const about = copy ? { copy } : {};
       const failed = blocks.find((r) => r.action === 'failed');
-      if (failed) return { type: 'bounced', bounceType: severity(failed) === '4' ? 'soft' : 'hard', diagnostic: diagnosticOf(failed) };
+      if (failed) return { type: 'bounced', bounceType: severity(failed) === '4' ? 'soft' : 'hard', diagnostic: diagnosticOf(failed), ...about };
       const delayed = blocks.find((r) => r.action === 'delayed');
-      if (delayed) return { type: 'delayed', diagnostic: diagnosticOf(delayed) };
+      if (delayed) return { type: 'delayed', diagnostic: diagnosticOf(delayed), ...about };
       return { type: 'ignored', reason: `action ${blocks[0]?.action || 'missing'} is not a failure` };
     }
     case 'arf': {
       if (content.feedbackType !== 'abuse') return { type: 'ignored', reason: `feedback type ${content.feedbackType.slice(0, 40)} is not a complaint` };
-      if (email.hasCopies && content.recipient !== null && content.recipient !== email.to) {
-        return { type: 'ignored', reason: 'the report names no `to` recipient of the email' };
+      if (email.copies.length > 0 && content.recipient !== null && content.recipient !== email.to) {
+        if (!email.copies.includes(content.recipient)) return { type: 'ignored', reason: 'the report names no recipient of the email' };
+        return { type: 'complained', diagnostic: 'Feedback-Type: abuse', copy: content.recipient };
       }
       return { type: 'complained', diagnostic: 'Feedback-Type: abuse' };
     }

@@ -1,4 +1,5 @@
-import type { EntityManager, Knex } from '@mikro-orm/postgresql';
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { sqlOf } from '../db/sql.js';
 import type { Campaign, CampaignStatus, RecipientFilter } from '../db/entities/campaign.js';
 
 /**
@@ -143,8 +144,7 @@ export async function lockSendingCampaign(tx: Execute, campaignId: string): Prom
 
 /** Within `tx`'s transaction; a template already written stays. */
 export async function insertTemplate(tx: EntityManager, campaignId: string, template: { subject: string; html: string; text: string }): Promise<void> {
-  const trx = tx.getTransactionContext<Knex.Transaction>()!;
-  await trx.raw(`insert into campaign_templates (campaign_id, subject, html, text) values (?, ?, ?, ?) on conflict (campaign_id) do nothing`, [
+  await sqlOf(tx).query(`insert into campaign_templates (campaign_id, subject, html, text) values (?, ?, ?, ?) on conflict (campaign_id) do nothing`, [
     campaignId,
     template.subject,
     template.html,
@@ -183,9 +183,8 @@ export async function writeFanOutPage(
   },
 ): Promise<FanOutPage> {
   const where = recipientWhere(page.organizationId, page.filters);
-  // Bound parameters through knex (MikroORM's execute() would inline the ids into the SQL).
-  const knex = em.getConnection().getKnex();
-  const result = (await knex.raw(
+  // Bound parameters (MikroORM's execute() would inline the ids into the SQL).
+  const [result] = await sqlOf(em).query<FanOutPage>(
     `with live as (select id from campaigns where id = ? and status = 'SENDING' for update),
      page as (
        select s.id, s.email, row_number() over (order by s.id) as n
@@ -216,9 +215,9 @@ export async function writeFanOutPage(
       page.replyTo,
       page.subject,
       page.ids,
-    ] as never[],
-  )) as { rows: FanOutPage[] };
-  return result.rows[0]!;
+    ],
+  );
+  return result!;
 }
 
 /** A page of the campaign's emails still queued, after `after` by id. */

@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import { addCampaignEngagement } from './queries.js';
 
 export type EngagementKind = 'opened' | 'clicked';
 
@@ -8,6 +9,5 @@ export type EngagementKind = 'opened' | 'clicked';
  * email's first open/click, so each email counts once however often it is opened.
  */
 export async function recordCampaignEngagement(em: EntityManager, campaignId: string, kind: EngagementKind, count = 1): Promise<void> {
-  const column = kind === 'opened' ? 'emails_opened_count' : 'emails_clicked_count';
-  await em.execute(`update campaigns set ${column} = ${column} + ? where id = ?`, [count, campaignId], 'run');
+  await addCampaignEngagement(em, campaignId, kind, count);
 }

@@ -2,8 +2,21 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { z } from 'zod';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
-import { recordComplaint, recordHardBounce, recordMailboxFull, recordMailboxNotFound, recordProven } from '../verification/index.js';
+import { historyKey } from '../verification/history.js';
 import { recordEmailEvents } from '../webhooks/queries.js';
+import {
+  deliveryEventKey,
+  insertDeliveryEvents,
+  insertSuppressions,
+  lockEmailByMessageId,
+  lockEmails,
+  setDeliveryStatuses,
+  setSubscribersBounced,
+  upsertHistory,
+  type FeedbackEmail,
+  type HistoryOutcomes,
+  type NewDeliveryEvent,
+} from './queries.js';
 
 /** Contract 11: the body of `POST /webhooks/provider`. */
 export const ProviderEventBody = z.strictObject({
@@ -24,13 +37,8 @@ export type ProviderEvent = z.infer<typeof ProviderEventBody>;
  * so events arriving late, out of order or replayed never move an email back. A bounce
  * after delivery (an asynchronous DSN) and a complaint after delivery both win.
  */
-const RANK_SQL = (column: string) => `coalesce(case ${column} when 'delivered' then 1 when 'bounced' then 2 when 'complained' then 3 end, 0)`;
-
-interface EmailRow {
-  id: string;
-  organization_id: string;
-  address: string;
-}
+const RANK: Record<string, number> = { delivered: 1, bounced: 2, complained: 3 };
+const rank = (status: string | null | undefined) => (status ? (RANK[status] ?? 0) : 0);
 
 /** What happened to a message, as any source of delivery feedback reports it. */
 export type ProviderOutcome = 'delivered' | 'bounced' | 'complained' | 'delivery_delayed';
@@ -57,95 +65,165 @@ export interface ProviderEventResult {
   changed: boolean;
 }
 
+/** One event of a batch (`applyFeedbackBatch`), its email already known by id. */
+export interface FeedbackItem {
+  emailId: string;
+  type: ProviderOutcome;
+  bounceType?: 'hard' | 'soft' | undefined;
+  diagnostic?: string | undefined;
+  /**
+   * The copy recipient (`cc`, `bcc`; bare, lower-cased) the event is about; absent: the
+   * email's `to`. A copy's event suppresses and records that address and leaves the email's
+   * status, which follows its `to` (docs/outcomes.md).
+   */
+  copy?: string | undefined;
+}
+
+export interface FeedbackResult extends ProviderEventResult {
+  /** The event was recorded now (not a replay): it counts in the metrics. */
+  fresh: boolean;
+}
+
 /** Message-IDs are compared without angle brackets and surrounding space. */
 export function bareMessageId(value: string): string {
   return value.trim().replace(/^<(.*)>$/, '$1').trim();
 }
 
-async function findEmail(tx: EntityManager, event: DeliveryFeedback): Promise<EmailRow | undefined> {
-  const select = `select e.id, e.organization_id, email_bare_address(e.to_address) as address from emails e`;
-  if (event.messageId) {
-    const [email] = await tx.execute<EmailRow[]>(`${select} where e.message_id = ? limit 1`, [bareMessageId(event.messageId)], 'all');
-    if (email) return email;
+/**
+ * Records the events of a batch in the caller's transaction, their emails' rows locked by
+ * the caller (`lockEmails`, `lockEmailByMessageId`): one statement a table whatever the
+ * batch size (events, webhook outbox, statuses, suppressions, subscribers, verification
+ * history). Every write is idempotent, so a replay changes nothing, and the items are
+ * applied as if one after the other: `changed` says whether an item moved its email's
+ * status, `fresh` whether its event row is new. A hard bounce or a complaint suppresses the
+ * address in the email's organization, marks that organization's subscriber BOUNCED /
+ * COMPLAINED and feeds the global verification history (contract 11, 13); a delay is an
+ * event that moves no status. Undefined for an item whose email is not in `emails`.
+ */
+async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, FeedbackEmail>, items: readonly FeedbackItem[], now: Date): Promise<(FeedbackResult | undefined)[]> {
+  const events: NewDeliveryEvent[] = [];
+  const firstOfKey = new Map<string, number>();
+  const status = new Map<string, string | null>();
+  const changedEmails = new Set<string>();
+  const suppressions = new Map<string, { organizationId: string; address: string; reason: 'hard_bounce' | 'complaint'; emailId: string }>();
+  const subscribers = new Map<string, { organizationId: string; address: string; status: 'BOUNCED' | 'COMPLAINED' }>();
+  const history = new Map<string, HistoryOutcomes>();
+  const recordHistory = (address: string, column: 'hard_bounced_at' | 'complained_at' | 'mailbox_full_at' | 'mailbox_not_found_at' | 'proven_at') => {
+    const key = historyKey(address);
+    let row = history.get(key.email);
+    if (!row) {
+      row = { ...key, hard_bounced_at: null, complained_at: null, mailbox_full_at: null, mailbox_not_found_at: null, proven_at: null };
+      history.set(key.email, row);
+    }
+    row[column] = now;
+  };
+
+  const planned = items.map((item, i) => {
+    const email = emails.get(item.emailId);
+    if (!email) return undefined;
+    const bounceType = item.type === 'bounced' ? (item.bounceType ?? 'hard') : undefined;
+    const details = {
+      ...(bounceType ? { bounceType } : {}),
+      ...(item.diagnostic ? { diagnostic: item.diagnostic.slice(0, 2_000) } : {}),
+      ...(item.copy ? { recipient: item.copy } : {}),
+    };
+    const key = deliveryEventKey(email.id, item.type, item.copy);
+    if (!firstOfKey.has(key)) {
+      firstOfKey.set(key, i);
+      events.push({ emailId: email.id, organizationId: email.organization_id, type: item.type, details });
+    }
+    let changed = false;
+    if (!item.copy && item.type !== 'delivery_delayed') {
+      const current = status.has(email.id) ? status.get(email.id) : email.delivery_status;
+      if (rank(item.type) > rank(current)) {
+        changed = true;
+        status.set(email.id, item.type);
+        changedEmails.add(email.id);
+      }
+    }
+    const address = item.copy ?? email.address;
+    if (item.type === 'complained' || bounceType === 'hard') {
+      const complaint = item.type === 'complained';
+      const at = `${email.organization_id} ${address}`;
+      if (!suppressions.has(at)) suppressions.set(at, { organizationId: email.organization_id, address, reason: complaint ? 'complaint' : 'hard_bounce', emailId: email.id });
+      // A complaint is the stronger statement.
+      if (complaint || !subscribers.has(at)) subscribers.set(at, { organizationId: email.organization_id, address, status: complaint ? 'COMPLAINED' : 'BOUNCED' });
+      recordHistory(address, complaint ? 'complained_at' : 'hard_bounced_at');
+    }
+    // The provider's word that the mailbox took the message: trusted evidence for the global
+    // history (opens and clicks are not: docs/security.md).
+    if (item.type === 'delivered') recordHistory(address, 'proven_at');
+    if (item.type === 'bounced' && item.diagnostic) {
+      // The remote answer's enhanced status code says more than hard/soft (RFC 3463).
+      if (/\b5\.1\.1\b/.test(item.diagnostic)) recordHistory(address, 'mailbox_not_found_at');
+      else if (/\b[45]\.2\.2\b/.test(item.diagnostic)) recordHistory(address, 'mailbox_full_at');
+    }
+    return { i, key, email, bounceType, changed };
+  });
+
+  const inserted = await insertDeliveryEvents(tx, events, now);
+  const fresh = (p: NonNullable<(typeof planned)[number]>) => firstOfKey.get(p.key) === p.i && inserted.has(p.key);
+  // Customer webhooks (contract 17) for the new events of the `to`, one statement a type.
+  const hooks = new Map<ProviderOutcome, { emailId: string; extra?: Record<string, unknown> }[]>();
+  for (const p of planned) {
+    if (!p || !fresh(p) || items[p.i]!.copy) continue;
+    const item = items[p.i]!;
+    const list = hooks.get(item.type) ?? [];
+    list.push({ emailId: p.email.id, ...(p.bounceType ? { extra: { bounce: { type: p.bounceType, diagnostic: item.diagnostic ?? null } } } : {}) });
+    hooks.set(item.type, list);
   }
-  if (event.providerMessageId) {
-    const [email] = await tx.execute<EmailRow[]>(`${select} where e.provider_message_id = ? limit 1`, [event.providerMessageId.trim()], 'all');
-    if (email) return email;
-  }
-  return undefined;
+  for (const [type, list] of hooks) await recordEmailEvents(tx, `email.${type}`, list);
+  await setDeliveryStatuses(tx, [...changedEmails].map((id) => ({ id, status: status.get(id)! })));
+  await insertSuppressions(tx, [...suppressions.values()], now);
+  await setSubscribersBounced(tx, [...subscribers.values()], now);
+  await upsertHistory(tx, [...history.values()], now);
+  return planned.map((p) => (p ? { emailId: p.email.id, changed: p.changed, fresh: fresh(p) } : undefined));
+}
+
+/** The metrics of recorded events: first occurrences of the `to`'s events only. */
+export function countFeedback(metrics: Metrics | undefined, items: readonly FeedbackItem[], results: readonly (FeedbackResult | undefined)[]): void {
+  if (!metrics) return;
+  items.forEach((item, i) => {
+    if (!results[i]?.fresh || item.copy) return;
+    if (item.type === 'delivered') metrics.emailsDelivered.inc();
+    else if (item.type === 'bounced') metrics.emailsBounced.inc({ type: item.bounceType ?? 'hard' });
+    else if (item.type === 'complained') metrics.emailsComplained.inc();
+  });
 }
 
 /**
- * Applies one delivery event in one transaction; every write is idempotent (a replay changes
- * nothing). A hard bounce or a complaint suppresses the address in the email's organization,
- * marks that organization's subscriber BOUNCED / COMPLAINED and feeds the global verification
- * history (contract 11, 13). A delay is recorded as an event and moves no status. Undefined
- * when no email matches (the caller decides whether that is an error).
+ * Applies a batch of events whose emails are known by id (the bounce reports by mail), in
+ * the caller's transaction: the emails are locked in id order, then `recordFeedback`. The
+ * caller counts the metrics (`countFeedback`) once its transaction has committed.
+ */
+export async function applyFeedbackBatch(tx: EntityManager, items: readonly FeedbackItem[], now: Date): Promise<(FeedbackResult | undefined)[]> {
+  if (items.length === 0) return [];
+  const emails = await lockEmails(tx, [...new Set(items.map((i) => i.emailId))]);
+  return recordFeedback(tx, new Map(emails.map((e) => [e.id, e])), items, now);
+}
+
+/**
+ * Applies one delivery event in one transaction (the provider webhooks); undefined when no
+ * email matches (the caller decides whether that is an error).
  */
 export async function applyDeliveryFeedback(
   em: EntityManager,
   event: DeliveryFeedback,
   deps: { metrics?: Metrics; now: Date },
 ): Promise<ProviderEventResult | undefined> {
-  const result = await em.transactional(async (tx) => {
-    const email = await findEmail(tx as EntityManager, event);
+  const outcome = await em.transactional(async (tx) => {
+    const email = await lockEmailByMessageId(tx as EntityManager, {
+      ...(event.messageId ? { messageId: bareMessageId(event.messageId) } : {}),
+      ...(event.providerMessageId ? { providerMessageId: event.providerMessageId.trim() } : {}),
+    });
     if (!email) return undefined;
-    const bounceType = event.type === 'bounced' ? (event.bounceType ?? 'hard') : undefined;
-    const details = { ...(bounceType ? { bounceType } : {}), ...(event.diagnostic ? { diagnostic: event.diagnostic.slice(0, 2_000) } : {}) };
-
-    const inserted = await tx.execute<{ email_id: string }[]>(
-      `insert into email_events (email_id, organization_id, type, occurred_at, details) values (?, ?, ?, ?, ?::jsonb)
-       on conflict (email_id, type) where type in ('delivered', 'bounced', 'complained', 'delivery_delayed') do nothing returning email_id`,
-      [email.id, email.organization_id, event.type, deps.now, JSON.stringify(details)],
-      'all',
-    );
-    const hook = { emailId: email.id, extra: bounceType ? { bounce: { type: bounceType, diagnostic: event.diagnostic ?? null } } : undefined };
-    if (inserted.length > 0) await recordEmailEvents(tx, `email.${event.type}`, [hook]);
-    if (event.type === 'delivery_delayed') return { emailId: email.id, changed: false, fresh: inserted.length > 0, bounceType };
-    const updated = await tx.execute<{ id: string }[]>(
-      `update emails set delivery_status = ?, updated_at = now() where id = ? and ${RANK_SQL('delivery_status')} < ${RANK_SQL('?::text')} returning id`,
-      [event.type, email.id, event.type],
-      'all',
-    );
-
-    const suppress = event.type === 'complained' || bounceType === 'hard';
-    if (suppress) {
-      const reason = event.type === 'complained' ? 'complaint' : 'hard_bounce';
-      await tx.execute(
-        `insert into suppressions (organization_id, address, reason, email_id, created_at) values (?, ?, ?, ?, ?)
-         on conflict (organization_id, address) do nothing`,
-        [email.organization_id, email.address, reason, email.id, deps.now],
-        'run',
-      );
-      // A complaint is the stronger statement; BANNED (an operator's decision) stays.
-      const status = event.type === 'complained' ? 'COMPLAINED' : 'BOUNCED';
-      const keep = event.type === 'complained' ? `('COMPLAINED', 'BANNED')` : `('BOUNCED', 'COMPLAINED', 'BANNED')`;
-      await tx.execute(
-        `update subscribers set status = ?, updated_at = ? where organization_id = ? and email = ? and status not in ${keep}`,
-        [status, deps.now, email.organization_id, email.address],
-        'run',
-      );
-      if (event.type === 'complained') await recordComplaint(tx as EntityManager, email.address, deps.now);
-      else await recordHardBounce(tx as EntityManager, email.address, deps.now);
-    }
-    // The provider's word that the mailbox took the message: trusted evidence for the global
-    // history (opens and clicks are not: docs/security.md).
-    if (event.type === 'delivered') await recordProven(tx as EntityManager, email.address, deps.now);
-    if (event.type === 'bounced' && event.diagnostic) {
-      // The remote answer's enhanced status code says more than hard/soft (RFC 3463).
-      if (/\b5\.1\.1\b/.test(event.diagnostic)) await recordMailboxNotFound(tx as EntityManager, email.address, deps.now);
-      else if (/\b[45]\.2\.2\b/.test(event.diagnostic)) await recordMailboxFull(tx as EntityManager, email.address, deps.now);
-    }
-    return { emailId: email.id, changed: updated.length > 0, fresh: inserted.length > 0, bounceType };
+    const item: FeedbackItem = { emailId: email.id, type: event.type, bounceType: event.bounceType, diagnostic: event.diagnostic };
+    const [result] = await recordFeedback(tx as EntityManager, new Map([[email.id, email]]), [item], deps.now);
+    return { item, result: result! };
   });
-  if (!result) return undefined;
-
-  if (result.fresh && deps.metrics) {
-    if (event.type === 'delivered') deps.metrics.emailsDelivered.inc();
-    else if (event.type === 'bounced') deps.metrics.emailsBounced.inc({ type: result.bounceType ?? 'hard' });
-    else if (event.type === 'complained') deps.metrics.emailsComplained.inc();
-  }
-  return { emailId: result.emailId, changed: result.changed };
+  if (!outcome) return undefined;
+  countFeedback(deps.metrics, [outcome.item], [outcome.result]);
+  return { emailId: outcome.result.emailId, changed: outcome.result.changed };
 }
 
 /** Contract 11's webhook: an event for a Message-ID no email has is 404. */

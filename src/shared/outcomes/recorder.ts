@@ -3,6 +3,7 @@ import type { Orm } from '../db/orm.js';
 import type { Logger } from '../logger.js';
 import { recordCampaignEngagement } from './campaigns.js';
 import { recordTrackingEvents } from '../webhooks/queries.js';
+import { insertTrackingEvents, insertTrackingEventsOnce, setFirstEngagement, type TrackingEventColumns } from './queries.js';
 
 export interface TrackingHit {
   emailId: string;
@@ -26,13 +27,6 @@ const DEFAULTS: Required<RecorderOptions> = { flushEveryMs: 5, maxBatch: 2_000, 
 const RETRY_MS = [50, 100, 250, 500, 1_000, 2_000];
 /** On shutdown a batch that keeps failing is given up after this many tries. */
 const CLOSING_TRIES = 5;
-
-interface Newly {
-  id: string;
-  campaign_id: string | null;
-  address: string;
-  proven: boolean;
-}
 
 /**
  * Writes tracking hits in the background so that the pixel and the redirect answer at once:
@@ -128,7 +122,7 @@ export class TrackingRecorder {
         if (this.allKnown(batch)) {
           // Every email of the batch already has its first open (and click): the events
           // alone, one statement on a pooled connection (its own implicit transaction).
-          await insertEventsOnce(this.orm.em, batch);
+          await insertTrackingEventsOnce(this.orm.em, eventColumns(batch));
         } else {
           await this.orm.em.fork().transactional((em) => writeHits(em as EntityManager, batch, this.known));
           this.remember(batch);
@@ -157,29 +151,7 @@ export class TrackingRecorder {
   }
 }
 
-interface PgConnection {
-  query(config: { name?: string; text: string; values: unknown[] }): Promise<{ rows: unknown[] }>;
-}
-
-/**
- * The events of a batch in one INSERT ... SELECT FROM unnest(arrays): one bound parameter a
- * column whatever the batch size (cheaper for PostgreSQL to read than a JSON document, and
- * the statement text never changes, so it is prepared once per connection). Joined to
- * `emails`, which supplies the organization: a hit of an unknown email is not recorded.
- */
-const INSERT_EVENTS = `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
-  select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
-  from unnest(?::text[], ?::text[], ?::timestamptz[], ?::text[], ?::text[], ?::text[]) as h(email_id, type, at, ip, ua, url)
-  join emails e on e.id = h.email_id`;
-const INSERT_EVENTS_PG = numberPlaceholders(INSERT_EVENTS);
-
-/** `?` → `$1`, `$2`, ... (pg's placeholders). */
-function numberPlaceholders(sql: string): string {
-  let n = 0;
-  return sql.replace(/\?/g, () => `$${++n}`);
-}
-
-function eventColumns(hits: TrackingHit[]): unknown[] {
+function eventColumns(hits: TrackingHit[]): TrackingEventColumns {
   const n = hits.length;
   const ids = new Array<string>(n);
   const types = new Array<string>(n);
@@ -199,17 +171,6 @@ function eventColumns(hits: TrackingHit[]): unknown[] {
   return [ids, types, ats, ips, uas, urls];
 }
 
-/** The batch's events alone, outside any transaction of the caller. */
-async function insertEventsOnce(em: EntityManager, hits: TrackingHit[]): Promise<void> {
-  const client = em.getKnex().client;
-  const connection = (await client.acquireConnection()) as PgConnection;
-  try {
-    await connection.query({ name: 'mailroom_insert_email_events', text: INSERT_EVENTS_PG, values: eventColumns(hits) });
-  } finally {
-    await client.releaseConnection(connection);
-  }
-}
-
 /**
  * One batch in one transaction. The first open and first click are conditional updates
  * (`where first_opened_at is null`): under concurrent batches (several API processes) the
@@ -218,14 +179,7 @@ async function insertEventsOnce(em: EntityManager, hits: TrackingHit[]): Promise
  * (images blocked): docs/outcomes.md.
  */
 export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: KnownFirsts): Promise<void> {
-  // Bound parameters (MikroORM's `execute` would inline the JSON into the SQL text),
-  // inside the caller's transaction.
-  const query = async <T>(sql: string, params: unknown[]): Promise<T[]> => {
-    const statement = em.getConnection().getKnex().raw(sql, params as never[]);
-    const trx = em.getTransactionContext();
-    return ((await (trx ? statement.transacting(trx) : statement)) as { rows: T[] }).rows;
-  };
-  await query(INSERT_EVENTS, eventColumns(hits));
+  await insertTrackingEvents(em, eventColumns(hits));
 
   // The earliest hit per email, leaving out the emails this process already saw set.
   const earliest = (type: 'open' | 'click') => {
@@ -241,15 +195,7 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
   const firsts = async (type: 'open' | 'click') => {
     const candidates = earliest(type);
     if (candidates.length === 0) return [];
-    const column = type === 'open' ? 'first_opened_at' : 'first_clicked_at';
-    return query<Newly>(
-      `update emails e set ${column} = f.at, updated_at = now()
-       from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
-       where e.id = f.id and e.${column} is null
-       returning e.id, e.campaign_id, email_bare_address(e.to_address) as address,
-         (e.status = 'sent' and coalesce(e.delivery_status, 'delivered') = 'delivered') as proven`,
-      [JSON.stringify(candidates)],
-    );
+    return setFirstEngagement(em, type, candidates);
   };
   // Two batches locking the same rows in opposite orders may deadlock: PostgreSQL aborts
   // one, and the recorder writes that batch again (every step is conditional or additive

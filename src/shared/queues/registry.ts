@@ -54,7 +54,7 @@ export const queueRegistry = {
   },
   // Bounces and complaints received by the inbound SMTP listener (src/shared/bounces).
   inbound: {
-    // jobId = the first report id: reads the reports of one stored batch and applies them.
+    // jobId = the first report id: reads the reports stored within 100 ms and applies them.
     process: z.object({ reportIds: z.array(z.string()).min(1).max(1000) }),
     // Scheduled: re-enqueue reports whose job Redis lost; purge old read reports.
     reconcile: z.object({}),

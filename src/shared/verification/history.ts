@@ -17,7 +17,8 @@ export const RECURRING_BOUNCES = 3;
 /** The history row that stands for a whole domain (catch-all evidence). */
 export const domainRowKey = (domain: string) => `*@${domain}`;
 
-function normalize(email: string): { email: string; domain: string } {
+/** The row key of an address in `verification_history`: normalized address and domain. */
+export function historyKey(email: string): { email: string; domain: string } {
   const parsed = parseAddress(email);
   if (parsed.ok) return { email: parsed.email, domain: parsed.domain };
   const raw = email.trim().toLowerCase();
@@ -25,7 +26,7 @@ function normalize(email: string): { email: string; domain: string } {
 }
 
 async function record(em: EntityManager, email: string, column: HistoryOutcome | 'suppressed', at: Date, value?: boolean): Promise<void> {
-  const { email: key, domain } = normalize(email);
+  const { email: key, domain } = historyKey(email);
   // Through the EntityManager, so that inside a transaction (the delivery-feedback recorder)
   // the write joins it: the connection's own execute takes a second pooled connection, which
   // under concurrent events left every pooled connection waiting for another.

@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import { sqlOf, type Sql } from '../db/sql.js';
 import type { SubscriberRecord } from '../subscribers/rows.js';
 import { WEBHOOK_EVENT_TYPES, type WebhookEventType } from './events.js';
 
@@ -252,18 +253,13 @@ export async function loadEndpointForDelivery(em: Db, endpointId: string): Promi
  * retries; its id is the `webhook-id` header. Nothing here talks to Redis: the dispatcher
  * (dispatcher.ts) finds the rows.
  *
- * Every function takes whatever the caller's transaction runs on: a raw connection of the
- * audience path (`query`), a MikroORM EntityManager (`execute`) or a knex transaction (`raw`).
+ * Every function takes whatever the caller's transaction runs on: a connection of the raw-SQL
+ * helper (`Sql`, db/sql.ts) or a MikroORM EntityManager (its transaction, when it has one).
  */
-export type OutboxDb =
-  | { query(text: string, values?: readonly unknown[]): Promise<unknown[]> }
-  | { execute(text: string, values?: unknown[], method?: 'all' | 'run' | 'get'): Promise<unknown> }
-  | { raw(text: string, values: readonly unknown[]): PromiseLike<unknown> };
+export type OutboxDb = Sql | EntityManager;
 
 async function run(db: OutboxDb, text: string, values: unknown[]): Promise<void> {
-  if ('query' in db) await db.query(text, values);
-  else if ('execute' in db) await db.execute(text, values, 'run');
-  else await db.raw(text, values as never[]);
+  await ('query' in db ? db : sqlOf(db)).query(text, values);
 }
 
 export interface OutboxEvent {

@@ -1,0 +1,212 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
+import { sqlOf, withConnection } from '../db/sql.js';
+
+/**
+ * The data access of outcomes: every statement of the tracking recorder (recorder.ts), the
+ * delivery-feedback recorder (provider-events.ts) and the campaign counters (campaigns.ts).
+ * Typed rows in and out; the statements of one batch are set-based (one statement a table
+ * whatever the batch size).
+ */
+
+/** Bound parameters, inside the caller's transaction when it has one (db/sql.ts). */
+function query<T>(em: EntityManager, sql: string, params: unknown[]): Promise<T[]> {
+  return sqlOf(em).query<T>(sql, params);
+}
+
+// ---------------------------------------------------------------- tracking (recorder.ts)
+
+/**
+ * The events of a batch in one INSERT ... SELECT FROM unnest(arrays): one bound parameter a
+ * column whatever the batch size (cheaper for PostgreSQL to read than a JSON document, and
+ * the statement text never changes, so it is prepared once per connection). Joined to
+ * `emails`, which supplies the organization: a hit of an unknown email is not recorded.
+ */
+const INSERT_EVENTS = `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
+  select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
+  from unnest(?::text[], ?::text[], ?::timestamptz[], ?::text[], ?::text[], ?::text[]) as h(email_id, type, at, ip, ua, url)
+  join emails e on e.id = h.email_id`;
+
+/** The columns of INSERT_EVENTS: email ids, types, ISO times, ips, user agents, urls. */
+export type TrackingEventColumns = [string[], string[], string[], (string | null)[], (string | null)[], (string | null)[]];
+
+/** Tracking events alone, one prepared statement on a pooled connection (its own implicit transaction). */
+export async function insertTrackingEventsOnce(em: EntityManager, columns: TrackingEventColumns): Promise<void> {
+  await withConnection(em, (sql) => sql.query(INSERT_EVENTS, columns, 'mailroom_insert_email_events'));
+}
+
+/** Tracking events in the caller's transaction. */
+export async function insertTrackingEvents(em: EntityManager, columns: TrackingEventColumns): Promise<void> {
+  await query(em, INSERT_EVENTS, columns);
+}
+
+/** An email whose first open or click a batch just set. */
+export interface FirstEngagement {
+  id: string;
+  campaign_id: string | null;
+  address: string;
+  proven: boolean;
+}
+
+/**
+ * Sets `first_opened_at` / `first_clicked_at` of the emails that have none yet (the `is null`
+ * condition under the row lock makes concurrent batches set each email once); returns them.
+ */
+export async function setFirstEngagement(em: EntityManager, kind: 'open' | 'click', candidates: { id: string; at: string }[]): Promise<FirstEngagement[]> {
+  const column = kind === 'open' ? 'first_opened_at' : 'first_clicked_at';
+  return query<FirstEngagement>(
+    em,
+    `update emails e set ${column} = f.at, updated_at = now()
+     from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
+     where e.id = f.id and e.${column} is null
+     returning e.id, e.campaign_id, email_bare_address(e.to_address) as address,
+       (e.status = 'sent' and coalesce(e.delivery_status, 'delivered') = 'delivered') as proven`,
+    [JSON.stringify(candidates)],
+  );
+}
+
+// ---------------------------------------------------------------- campaign counters (campaigns.ts)
+
+export async function addCampaignEngagement(em: EntityManager, campaignId: string, kind: 'opened' | 'clicked', count: number): Promise<void> {
+  const column = kind === 'opened' ? 'emails_opened_count' : 'emails_clicked_count';
+  await query(em, `update campaigns set ${column} = ${column} + ? where id = ?`, [count, campaignId]);
+}
+
+// ---------------------------------------------------------------- delivery feedback (provider-events.ts)
+
+/** An email as the delivery-feedback recorder sees it, its row locked. */
+export interface FeedbackEmail {
+  id: string;
+  organization_id: string;
+  /** Bare, lower-cased `to`. */
+  address: string;
+  delivery_status: string | null;
+}
+
+const FEEDBACK_EMAIL = `select e.id, e.organization_id, email_bare_address(e.to_address) as address, e.delivery_status from emails e`;
+
+/** The email a provider event names, by the Message-ID mailroom set, else by the relay's id; locked. */
+export async function lockEmailByMessageId(em: EntityManager, ids: { messageId?: string; providerMessageId?: string }): Promise<FeedbackEmail | undefined> {
+  if (ids.messageId) {
+    const [email] = await query<FeedbackEmail>(em, `${FEEDBACK_EMAIL} where e.message_id = ? limit 1 for update`, [ids.messageId]);
+    if (email) return email;
+  }
+  if (ids.providerMessageId) {
+    const [email] = await query<FeedbackEmail>(em, `${FEEDBACK_EMAIL} where e.provider_message_id = ? limit 1 for update`, [ids.providerMessageId]);
+    if (email) return email;
+  }
+  return undefined;
+}
+
+/** The emails of a batch, locked in id order (two batches never wait for each other in a cycle). */
+export async function lockEmails(em: EntityManager, ids: readonly string[]): Promise<FeedbackEmail[]> {
+  if (ids.length === 0) return [];
+  return query<FeedbackEmail>(em, `${FEEDBACK_EMAIL} where e.id = any(?::text[]) order by e.id for update`, [ids]);
+}
+
+export interface NewDeliveryEvent {
+  emailId: string;
+  organizationId: string;
+  type: string;
+  details: Record<string, unknown>;
+}
+
+/** The key of a provider event's uniqueness: email, type, and recipient ('' for the `to`). */
+export const deliveryEventKey = (emailId: string, type: string, recipient: string | undefined) => `${emailId} ${type} ${recipient ?? ''}`;
+
+/**
+ * Inserts provider events, once per email, type and recipient (`details.recipient`, absent
+ * for the `to`; the caller passes each key once); returns the keys (`deliveryEventKey`) of
+ * the rows written now.
+ */
+export async function insertDeliveryEvents(em: EntityManager, events: readonly NewDeliveryEvent[], at: Date): Promise<Set<string>> {
+  if (events.length === 0) return new Set();
+  const rows = await query<{ email_id: string; type: string; recipient: string }>(
+    em,
+    `insert into email_events (email_id, organization_id, type, occurred_at, details)
+     select v.email_id, v.organization_id, v.type, ?::timestamptz, v.details
+     from jsonb_to_recordset(?::jsonb) as v(email_id text, organization_id text, type text, details jsonb)
+     on conflict (email_id, type, (coalesce(details ->> 'recipient', ''))) where type in ('delivered', 'bounced', 'complained', 'delivery_delayed') do nothing
+     returning email_id, type, coalesce(details ->> 'recipient', '') as recipient`,
+    [at, JSON.stringify(events.map((e) => ({ email_id: e.emailId, organization_id: e.organizationId, type: e.type, details: e.details })))],
+  );
+  return new Set(rows.map((r) => deliveryEventKey(r.email_id, r.type, r.recipient || undefined)));
+}
+
+/** Sets the delivery status of emails (already decided by rank, rows locked). */
+export async function setDeliveryStatuses(em: EntityManager, statuses: readonly { id: string; status: string }[]): Promise<void> {
+  if (statuses.length === 0) return;
+  await query(
+    em,
+    `update emails e set delivery_status = f.status, updated_at = now()
+     from jsonb_to_recordset(?::jsonb) as f(id text, status text) where e.id = f.id`,
+    [JSON.stringify(statuses)],
+  );
+}
+
+/** Organization suppressions; an address already on the list keeps its first reason. */
+export async function insertSuppressions(
+  em: EntityManager,
+  rows: readonly { organizationId: string; address: string; reason: 'hard_bounce' | 'complaint'; emailId: string }[],
+  at: Date,
+): Promise<void> {
+  if (rows.length === 0) return;
+  await query(
+    em,
+    `insert into suppressions (organization_id, address, reason, email_id, created_at)
+     select f.organization_id, f.address, f.reason, f.email_id, ?::timestamptz
+     from jsonb_to_recordset(?::jsonb) as f(organization_id text, address text, reason text, email_id text)
+     on conflict (organization_id, address) do nothing`,
+    [at, JSON.stringify(rows.map((r) => ({ organization_id: r.organizationId, address: r.address, reason: r.reason, email_id: r.emailId })))],
+  );
+}
+
+/**
+ * The organizations' subscribers with these addresses become BOUNCED or COMPLAINED (one row
+ * per organization and address). A complaint overrides a bounce; BANNED (an operator's
+ * decision) stays.
+ */
+export async function setSubscribersBounced(
+  em: EntityManager,
+  rows: readonly { organizationId: string; address: string; status: 'BOUNCED' | 'COMPLAINED' }[],
+  at: Date,
+): Promise<void> {
+  if (rows.length === 0) return;
+  await query(
+    em,
+    `update subscribers s set status = f.status, updated_at = ?::timestamptz
+     from jsonb_to_recordset(?::jsonb) as f(organization_id text, address text, status text)
+     where s.organization_id = f.organization_id and s.email = f.address
+       and s.status not in ('COMPLAINED', 'BANNED') and (f.status = 'COMPLAINED' or s.status <> 'BOUNCED')`,
+    [at, JSON.stringify(rows.map((r) => ({ organization_id: r.organizationId, address: r.address, status: r.status })))],
+  );
+}
+
+/** Times to record per address in the global verification history (null: not this one). */
+export interface HistoryOutcomes {
+  email: string;
+  domain: string;
+  hard_bounced_at: Date | null;
+  complained_at: Date | null;
+  mailbox_full_at: Date | null;
+  mailbox_not_found_at: Date | null;
+  proven_at: Date | null;
+}
+
+/**
+ * One upsert for a batch (one row per address): each time keeps the latest of the stored and
+ * the new one (`greatest` ignores nulls), as `recordHardBounce` and its siblings do one at a time.
+ */
+export async function upsertHistory(em: EntityManager, rows: readonly HistoryOutcomes[], at: Date): Promise<void> {
+  if (rows.length === 0) return;
+  const keep = (column: string) => `${column} = greatest(verification_history.${column}, excluded.${column})`;
+  await query(
+    em,
+    `insert into verification_history (email, domain, hard_bounced_at, complained_at, mailbox_full_at, mailbox_not_found_at, proven_at, updated_at)
+     select f.email, f.domain, f.hard_bounced_at, f.complained_at, f.mailbox_full_at, f.mailbox_not_found_at, f.proven_at, ?::timestamptz
+     from jsonb_to_recordset(?::jsonb) as f(email text, domain text, hard_bounced_at timestamptz, complained_at timestamptz,
+       mailbox_full_at timestamptz, mailbox_not_found_at timestamptz, proven_at timestamptz)
+     on conflict (email) do update set ${keep('hard_bounced_at')}, ${keep('complained_at')}, ${keep('mailbox_full_at')},
+       ${keep('mailbox_not_found_at')}, ${keep('proven_at')}, updated_at = excluded.updated_at`,
+    [at, JSON.stringify(rows)],
+  );
+}
