@@ -12,7 +12,7 @@ export default tseslint.config(
     rules: {
       // Unused arguments named _x are the convention for a callback's unused parameters.
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrors: 'none' }],
-      // No default exports (STYLE 15): named exports only.
+      // No default exports (docs/architecture.md "Conventions"): named exports only.
       'no-restricted-syntax': ['error', { selector: 'ExportDefaultDeclaration', message: 'Use named exports.' }],
       eqeqeq: ['error', 'always', { null: 'ignore' }],
       'no-console': 'off',

@@ -1,8 +1,8 @@
 /**
  * `npm run bench:provider-events`: delivery events per second through `POST /webhooks/ses`
  * (an Amazon SNS notification, its SHA256withRSA signature verified against a certificate
- * fetched once over https and cached) against `POST /webhooks/provider` (contract 11's
- * HMAC-signed format) on the same API process, in one run. Target: ses >= 0.5 of provider.
+ * fetched once over https and cached) against `POST /webhooks/provider` (the generic
+ * HMAC-signed format of docs/outcomes.md) on the same API process, in one run. Target: ses >= 0.5 of provider.
  *
  * The API runs as its own process (it must trust the local HTTPS server's certificate
  * through NODE_EXTRA_CA_CERTS, read at start-up); autocannon fires from this process. Every
@@ -43,7 +43,8 @@ const certUrl = `https://localhost:${(https.address() as AddressInfo).port}/Simp
 
 const bench = await createBenchEnv('providers', { PROVIDER_WEBHOOK_SECRET: SECRET, SNS_CERT_HOST_PATTERN: '^localhost$' });
 const { services } = bench;
-// Sent emails: the first half answered by contract 11's format, the second by SES's.
+// Sent emails: the first half answered by the generic format (docs/outcomes.md "Provider webhook"),
+// the second by SES's.
 await services.orm.em.fork().execute(
   `insert into emails (id, organization_id, source, status, from_address, to_address, subject, content_kind, content, headers, message_id, provider_message_id, sent_at, created_at, updated_at)
    select 'eml_bench' || lpad(g::text, 8, '0'), ?, 'api', 'sent', 'news@bench.test', 'reader' || g || '@example.com', 'Bench', 'html', '<p>x</p>', '{}'::jsonb,

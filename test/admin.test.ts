@@ -11,7 +11,7 @@ function basic(user: string, password: string): Record<string, string> {
   return { authorization: `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}` };
 }
 
-describe('queue dashboard at /admin/queues (contract 14)', () => {
+describe('queue dashboard at /admin/queues (docs/operations.md "Queue dashboard")', () => {
   let ctx: TestContext;
   let token: string;
 

@@ -114,7 +114,7 @@ describe('dispatched requests (tools, MCP, v1) run as the caller only', () => {
   });
 });
 
-describe('malformed path parameters, query strings and bodies (spec 7, contract 4)', () => {
+describe('malformed path parameters, query strings and bodies (docs/foundation.md "Errors")', () => {
   const PARAM_ROUTES: Array<[string, string, object?]> = [
     ['GET', '/api/v2/subscribers/{}'],
     ['PATCH', '/api/v2/subscribers/{}', { name: 'n' }],

@@ -8,7 +8,7 @@ import { runService, type ServiceProcess } from './helpers/process.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 
 /**
- * Contract 8 and 15: a fan-out worker killed (SIGKILL) in the middle of a campaign is
+ * docs/campaigns.md "Fan-out": a fan-out worker killed (SIGKILL) in the middle of a campaign is
  * replaced, and each subscriber still receives exactly one email. The fan-out runs in child
  * processes (the `campaigns` queue only); the hand-over to SMTP runs in this process.
  */

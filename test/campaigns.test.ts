@@ -72,7 +72,7 @@ async function startAllWorkers() {
   ] as never);
 }
 
-describe('POST/GET /api/v2/campaigns (contract 8)', () => {
+describe('POST/GET /api/v2/campaigns (docs/campaigns.md)', () => {
   it('creates a DRAFT with the get shape', async () => {
     const body = await createCampaign({ content: `# Hi${UNSUB_MD}`, preview: 'Read me' });
     expect(body).toMatchObject({
@@ -154,7 +154,7 @@ describe('POST/GET /api/v2/campaigns (contract 8)', () => {
   });
 });
 
-describe('recipient filters and recipientCount (contract 8)', () => {
+describe('recipient filters and recipientCount (docs/campaigns.md "Recipient filters")', () => {
   it('counts SUBSCRIBED contacts matching every filter, live for drafts', async () => {
     const o = await createOrg(ctx.services, { name: 'Filters' });
     const post = (body: unknown) => api('POST', '/subscribers', body, o.token);
@@ -184,7 +184,7 @@ describe('recipient filters and recipientCount (contract 8)', () => {
   });
 });
 
-describe('PATCH /api/v2/campaigns/:id (spec 4.9)', () => {
+describe('PATCH /api/v2/campaigns/:id (docs/campaigns.md "API decisions")', () => {
   it('changes a draft, lists updatedFields and warns about ignored fields', async () => {
     const c = await createCampaign({ content: 'Hi' });
     const res = await api('PATCH', `/campaigns/${c.id}`, { name: 'Renamed', subject: 'Hello {{name}}', scheduledAt: '2030-01-01T00:00:00Z', colour: 'red' });
@@ -212,7 +212,7 @@ describe('PATCH /api/v2/campaigns/:id (spec 4.9)', () => {
   });
 });
 
-describe('POST /api/v2/campaigns/:id/send (spec 4.11)', () => {
+describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', () => {
   it('refuses with 400 naming the reason', async () => {
     const noLink = await createCampaign({ content: 'Unsubscribe: {{unsubscribe_url}}' });
     const r1 = await api('POST', `/campaigns/${noLink.id}/send`, {});
@@ -279,7 +279,7 @@ describe('POST /api/v2/campaigns/:id/send (spec 4.11)', () => {
   });
 });
 
-describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (contract 8, 10)', () => {
+describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (docs/campaigns.md, docs/outcomes.md "Tokens")', () => {
   const MAILY = {
     type: 'doc',
     content: [
@@ -534,7 +534,7 @@ describe('campaign email taken over from a dead worker', () => {
   });
 });
 
-describe('reconciler (contract 15)', () => {
+describe('reconciler (docs/campaigns.md "Fan-out")', () => {
   it('re-enqueues the job of a SCHEDULED campaign that Redis lost', async () => {
     await startAllWorkers();
     const c = await createCampaign({ content: `Hi${UNSUB_MD}` });

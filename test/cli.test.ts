@@ -19,7 +19,7 @@ async function organization(id: string): Promise<Organization | null> {
   return ctx.services.orm.em.fork().findOne(Organization, { id });
 }
 
-describe('org create (contract 1)', () => {
+describe('org create (README.md "The first token and the first email")', () => {
   it('`npm run --silent cli -- org create --name Acme --json` prints exactly the contract\'s JSON, and the token works', async () => {
     const child = spawn('npm', ['run', '--silent', 'cli', '--', 'org', 'create', '--name', 'Acme', '--json'], {
       cwd: ROOT,
@@ -68,7 +68,7 @@ describe('org create (contract 1)', () => {
   });
 });
 
-describe('org update (contract 1)', () => {
+describe('org update (README.md "The first token and the first email")', () => {
   it('changes the flags given and leaves the others', async () => {
     const id = JSON.parse((await cli('org', 'create', '--name', 'Hooli', '--json')).stdout).organization.id;
     const first = await cli('org', 'update', id, '--double-opt-in', 'on', '--verify-quota', '7', '--track-opens', 'off', '--json');

@@ -12,7 +12,7 @@ function problems(env: Record<string, string>): string[] {
   throw new Error(`accepted ${JSON.stringify(env)}`);
 }
 
-describe('loadConfig defaults (contract 2)', () => {
+describe('loadConfig defaults (README.md "Configuration")', () => {
   it('runs with no environment at all', () => {
     const config = loadConfig({});
     expect(config).toMatchObject({

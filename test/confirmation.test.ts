@@ -54,7 +54,7 @@ describe('buildConfirmationEmail', () => {
   });
 });
 
-describe('double opt-in confirmation (contract 6, 10)', () => {
+describe('double opt-in confirmation (docs/audience.md "Double opt-in")', () => {
   it('the send-confirmation job builds the message with a signed link that confirms with evidence', async () => {
     const s = (await api('POST', '/subscribers', { email: 'confirm-me@example.com', name: 'Cora' })).json();
     expect(s.status).toBe('PENDING_CONFIRMATION');

@@ -30,7 +30,7 @@ const axeFindings: string[] = [];
 
 const rows = async (sql: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute(sql, params, 'all') as Promise<Record<string, unknown>[]>;
 
-/** axe-core at both widths of contract 20; the page is screenshotted at 1280 px for the docs. */
+/** axe-core at both widths of docs/dashboard.md "Tests"; the page is screenshotted at 1280 px for the docs. */
 async function check(name: string, shot = true): Promise<void> {
   for (const width of [390, 1280]) {
     await page.setViewportSize({ width, height: 900 });

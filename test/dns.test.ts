@@ -48,7 +48,7 @@ async function pttl(type: string, name: string): Promise<number> {
   return redis.pttl(`${env.config.redisPrefix}:dns:${type}:${name}`);
 }
 
-describe('shared DNS (contract 2 DNS_SERVERS)', () => {
+describe('shared DNS (DNS_SERVERS, README.md "Configuration")', () => {
   it('answers A and AAAA with the record TTL, then from the cache', async () => {
     const first = await dns.a('example.test');
     expect(first).toEqual({ kind: 'answer', records: ['192.0.2.1', '192.0.2.2'], ttl: 120, cacheHit: false });

@@ -77,7 +77,7 @@ async function countRows(entity: typeof Domain | typeof Sender): Promise<number>
   return ctx.services.orm.em.fork().count(entity, {});
 }
 
-describe('POST /api/v2/domains (contract 12)', () => {
+describe('POST /api/v2/domains (docs/domains.md "Records handed out")', () => {
   it('creates the domain with a DKIM key and the four records, NOT_STARTED', async () => {
     const body = await addDomain('Example.COM');
     expect(body).toMatchObject({ domain: 'example.com', status: 'NOT_STARTED', region: 'us-east-1', mailProviderRecords: [] });
@@ -151,7 +151,7 @@ describe('POST /api/v2/domains (contract 12)', () => {
   });
 });
 
-describe('GET /api/v2/domains (spec 4.15, 4.16)', () => {
+describe('GET /api/v2/domains (docs/domains.md "Endpoints")', () => {
   it('lists with emailSendersCount, limit and has_more', async () => {
     const listed = await addDomain('listed.example');
     await api('POST', '/senders', { name: 'News', email: 'news@listed.example' });
@@ -184,7 +184,7 @@ describe('GET /api/v2/domains (spec 4.15, 4.16)', () => {
   });
 });
 
-describe('verification (spec 3.4, contract 12)', () => {
+describe('verification (docs/domains.md "Verification")', () => {
   it('verifies published records within seconds, even after a cached NXDOMAIN', async () => {
     const created = await addDomain('verified.example');
     const dkim = created.dnsRecords.find((r) => r.purpose === 'dkim')!;
@@ -352,7 +352,7 @@ describe('DELETE /api/v2/domains/{domain}', () => {
   });
 });
 
-describe('senders (contract 12)', () => {
+describe('senders (docs/domains.md "Endpoints")', () => {
   it('creates, lists and gets senders on the organization domains', async () => {
     await addDomain('senders.example');
     const res = await api('POST', '/senders', { name: 'Acme News', email: ' News@Senders.EXAMPLE ' });

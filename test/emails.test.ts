@@ -28,7 +28,7 @@ async function jobCount(): Promise<number> {
   return Object.values(counts).reduce((a, b) => a + b, 0);
 }
 
-describe('POST /api/v2/emails (spec 4.14, contract 9)', () => {
+describe('POST /api/v2/emails (docs/emails.md "Validation")', () => {
   it('accepts a send, writes a queued row and enqueues a job whose id is the email id', async () => {
     const res = await send({ ...base, to: ['jane@example.com'], cc: 'c@example.com', reply_to: ['r@example.com'], tags: [{ name: 'kind', value: 'welcome' }] });
     expect(res.statusCode).toBe(200);
@@ -122,7 +122,7 @@ describe('POST /api/v2/emails (spec 4.14, contract 9)', () => {
   });
 });
 
-describe('Idempotency-Key (contract 9)', () => {
+describe('Idempotency-Key (docs/emails.md "Idempotency-Key")', () => {
   it('answers the same id for the same key and body, and enqueues one job', async () => {
     const first = await send(base, { 'idempotency-key': 'order-1' });
     const rows = await count();
@@ -239,7 +239,7 @@ describe('POST /api/v2/emails/batch', () => {
   });
 });
 
-describe('GET /api/v2/emails (spec 4.12) and /emails/{id} (4.13)', () => {
+describe('GET /api/v2/emails and /emails/{id} (docs/emails.md)', () => {
   let org: { token: string; organizationId: string };
   let ids: string[];
 
@@ -321,7 +321,7 @@ describe('GET /api/v2/emails (spec 4.12) and /emails/{id} (4.13)', () => {
   });
 });
 
-describe('lastEvent (spec 3.3)', () => {
+describe('lastEvent (docs/outcomes.md "`last_event`")', () => {
   const at = new Date();
   const base = { status: 'sent' as const, deliveryStatus: null, firstOpenedAt: null, firstClickedAt: null };
   it.each([
@@ -340,7 +340,7 @@ describe('lastEvent (spec 3.3)', () => {
 });
 
 
-describe('renderEmail (contract 9)', () => {
+describe('renderEmail (docs/emails.md "Rendering")', () => {
   it('keeps client HTML, adds the preheader after <body> and inlines its <style> block', async () => {
     const { renderEmail } = await import('../src/shared/emails/render.js');
     const { html, text } = renderEmail({

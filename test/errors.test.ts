@@ -30,7 +30,7 @@ function postTokens(payload: string | Buffer, contentType?: string) {
   });
 }
 
-describe('malformed requests (spec 7, contract 4)', () => {
+describe('malformed requests (docs/foundation.md "Errors")', () => {
   it.each([
     ['a truncated object', '{"name": '],
     ['a bare word', 'hello'],
@@ -101,7 +101,7 @@ describe('malformed requests (spec 7, contract 4)', () => {
   });
 });
 
-describe('internal errors (contract 4: 500 internal_error)', () => {
+describe('internal errors (docs/foundation.md "Errors": 500 internal_error)', () => {
   let app: App;
 
   beforeAll(async () => {
@@ -129,7 +129,7 @@ describe('internal errors (contract 4: 500 internal_error)', () => {
   });
 });
 
-describe('dependencies down (contract 4: 503 service_unavailable)', () => {
+describe('dependencies down (docs/operations.md "When PostgreSQL or Redis goes away": 503 service_unavailable)', () => {
   async function servicesWith(overrides: Record<string, string>): Promise<{ services: Services; app: App; close(): Promise<void> }> {
     const config = loadConfig({ ...ctx.env.env, ...overrides });
     const services = await createServices(config, createLogger({ level: 'silent' }));

@@ -8,7 +8,7 @@ beforeAll(async () => {
 });
 afterAll(async () => ctx?.close());
 
-describe('operator endpoints (contract 14)', () => {
+describe('operator endpoints (docs/operations.md "Health endpoints")', () => {
   it('GET /healthz answers without a token', async () => {
     const res = await ctx.app.inject({ url: '/healthz' });
     expect(res.statusCode).toBe(200);

@@ -15,9 +15,9 @@ import { bearer, createOrg, createTestContext, type TestContext } from './helper
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
-// Bounces and complaints by mail (contract 18a): emails relayed through a real SMTP sink,
-// then reports written the way real MTAs write them (test/fixtures/bounces/) delivered over
-// real SMTP, with nodemailer's client, to the inbound listener.
+// Bounces and complaints by mail (docs/outcomes.md "Bounces and complaints by mail"): emails
+// relayed through a real SMTP sink, then reports written the way real MTAs write them
+// (test/fixtures/bounces/) delivered over real SMTP, with nodemailer's client, to the inbound listener.
 
 const BOUNCE_DOMAIN = 'bounces.mailroom.test';
 

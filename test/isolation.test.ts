@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 
-// Contract 15: one organization's token never reads or changes another's resource.
+// docs/security.md "Threat model": one organization's token never reads or changes another's resource.
 let ctx: TestContext;
 let acme: { organizationId: string; token: string };
 let globex: { organizationId: string; token: string };
@@ -106,7 +106,7 @@ describe('every path that names a resource, across organizations', () => {
       const res = await as(globex.token, method, url, payload);
       expect({ method, url, status: res.statusCode, name: res.json().name }).toEqual({ method, url, status: 404, name: 'not_found' });
     }
-    // Cursors of another organization are unknown too (spec 4.12).
+    // Cursors of another organization are unknown too (docs/emails.md).
     expect((await as(globex.token, 'GET', `/emails?after=${email.id}`)).statusCode).toBe(422);
     expect((await as(globex.token, 'GET', `/campaigns?after=${campaign.id}`)).statusCode).toBe(422);
 

@@ -17,7 +17,7 @@ function sample(body: string, name: string, labels: Record<string, string> = {})
   return undefined;
 }
 
-describe('GET /metrics (contract 14)', () => {
+describe('GET /metrics (docs/operations.md "Metrics")', () => {
   let ctx: TestContext;
   let token: string;
 

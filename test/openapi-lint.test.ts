@@ -22,7 +22,7 @@ afterAll(async () => ctx?.close());
 const operations = () =>
   Object.entries(doc.paths).flatMap(([path, ops]) => Object.entries(ops).map(([method, op]) => ({ key: `${method.toUpperCase()} ${path}`, path, op })));
 
-describe('the OpenAPI document (contract 14)', () => {
+describe('the OpenAPI document (README.md "API overview")', () => {
   it('passes `redocly lint` (recommended rules) with no error and no warning', { timeout: 60_000 }, async () => {
     const dir = await mkdtemp(join(tmpdir(), 'mailroom-openapi-'));
     try {

@@ -7,10 +7,10 @@ import { createLogger } from '../src/shared/logger.js';
 import { bearer, createOrg, createTestEnv, type TestEnv } from './helpers/context.js';
 import { TcpProxy, TestRedis, waitFor } from './helpers/outages.js';
 
-// Contract 4 and 14: while PostgreSQL or Redis is unreachable the API answers 503
-// service_unavailable quickly (never a hang, never a 500), /readyz names what is down, and
-// everything recovers by itself when the dependency returns. Real outages: a redis-server
-// of this file's own, and a TCP proxy in front of the machine's PostgreSQL.
+// docs/operations.md "When PostgreSQL or Redis goes away": while PostgreSQL or Redis is unreachable
+// the API answers 503 service_unavailable quickly (never a hang, never a 500), /readyz names what
+// is down, and everything recovers by itself when the dependency returns. Real outages: a
+// redis-server of this file's own, and a TCP proxy in front of the machine's PostgreSQL.
 
 let env: TestEnv;
 let redis: TestRedis;

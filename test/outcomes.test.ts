@@ -119,7 +119,7 @@ describe('lifecycle over SMTP', () => {
     expect(['queued', 'sent']).toContain(queued.last_event);
     await expectLastEvent(id, 'sent');
     const email = await getEmail(id);
-    // The stored HTML is the body without tracking (contract 9).
+    // The stored HTML is the body without tracking (docs/emails.md "Rendering").
     expect(email.html).not.toContain('/t/');
 
     const html = await receivedHtml(email.message_id);

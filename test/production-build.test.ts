@@ -20,7 +20,7 @@ function tree(pid: number): string[] {
   return [self, ...children.flatMap((child) => tree(child))];
 }
 
-describe('npm start runs the compiled build (contract 21)', () => {
+describe('npm start runs the compiled build (README.md "Running in production")', () => {
   it('`ps` of `npm start` shows node dist/main.js and no tsx', { timeout: 90_000 }, async () => {
     // Build is fresh: the test run's global setup ran scripts/ensure-build.mjs.
     const child = spawn('npm', ['start'], {

@@ -16,10 +16,10 @@ import { runService, type ServiceProcess } from './helpers/process.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
-// The providers' own webhooks (contract 18b), each fed payloads in the provider's documented
-// shape, signed with keys this test makes: an SNS signing certificate served by a local
-// HTTPS server (trusted by the API process through NODE_EXTRA_CA_CERTS), an ECDSA key for
-// SendGrid, an HMAC key for Mailgun, basic auth for Postmark. Emails are real: sent through
+// The providers' own webhooks (docs/outcomes.md "The providers' own webhooks"), each fed payloads
+// in the provider's documented shape, signed with keys this test makes: an SNS signing certificate
+// served by a local HTTPS server (trusted by the API process through NODE_EXTRA_CA_CERTS), an ECDSA
+// key for SendGrid, an HMAC key for Mailgun, basic auth for Postmark. Emails are real: sent through
 // the worker to an SMTP sink that answers like SES (`250 Ok <its own id>`).
 const POSTMARK = { user: 'postmark-hook', password: 'pm-secret-password' };
 const MAILGUN_KEY = 'key-mailgun-signing-0123456789';
@@ -544,7 +544,7 @@ describe('many events at once', () => {
 });
 
 describe('a provider whose secret is not configured', () => {
-  it('answers 404 on every provider endpoint (contract 18b)', async () => {
+  it('answers 404 on every provider endpoint (docs/outcomes.md)', async () => {
     const config = ctx.services.config;
     const off = { ...config.providers, ses: { ...config.providers.ses, enabled: false }, postmark: undefined, mailgunSigningKey: undefined, sendgridPublicKey: undefined };
     const app = await buildApp({ ...ctx.services, config: { ...config, providers: off } });

@@ -35,16 +35,16 @@ function get(app: App, token: string) {
 }
 
 /**
- * The window is the wall-clock second (contract 5: N requests a second), so each case
- * starts just after a second begins and has the rest of it for a handful of requests.
- * Tokens are looked up (and cached) first, in the previous second.
+ * The window is the wall-clock second (docs/foundation.md "Authentication and rate limiting": N
+ * requests a second), so each case starts just after a second begins and has the rest of it for a
+ * handful of requests. Tokens are looked up (and cached) first, in the previous second.
  */
 async function atStartOfSecond(...warm: Array<[App, string]>): Promise<void> {
   for (const [app, token] of warm) await get(app, token);
   await sleep(1000 - (Date.now() % 1000) + 5);
 }
 
-describe('rate limiting (contract 5: per token, in Redis)', () => {
+describe('rate limiting (docs/foundation.md "Authentication and rate limiting": per token, in Redis)', () => {
   it(`answers 429 rate_limit_exceeded with Retry-After past ${LIMIT} requests a second`, async () => {
     await atStartOfSecond([ctx.app, tokenA]);
     for (let i = 1; i <= LIMIT; i++) {

@@ -47,7 +47,7 @@ async function verification(ageDays: number): Promise<string> {
 const exists = async (table: string, id: string) => (await sql(`select 1 from ${table} where id = ?`, [id])).length === 1;
 const events = async (id: string) => Number((await sql<{ n: string }>('select count(*) as n from email_events where email_id = ?', [id]))[0]!.n);
 
-describe('purge-expired (contract 21)', () => {
+describe('purge-expired (docs/operations.md "Retention")', () => {
   it('the scheduled job deletes emails, their events and verification results past EMAIL_RETENTION_DAYS, and nothing else', async () => {
     const old = await Promise.all([email(45), email(31, 'failed')]);
     const young = await email(29);

@@ -21,7 +21,7 @@ import { openDialog } from './helpers/smtp-dialog.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
-// Contract 19: SMTP submission end to end, with two clients we did not write (nodemailer as
+// docs/smtp.md: SMTP submission end to end, with two clients we did not write (nodemailer as
 // an application uses it, Python's smtplib), and every kind of bad input refused with its
 // reply and nothing stored.
 
@@ -90,7 +90,7 @@ function client(pass = token) {
   return nodemailer.createTransport({ host: '127.0.0.1', port: listener.port, secure: false, auth: { user: 'my-app', pass } });
 }
 
-describe('SMTP submission (contract 19)', () => {
+describe('SMTP submission (docs/smtp.md)', () => {
   it('nodemailer submits a message with an attachment: stored, delivered intact, signed, tracked, listed', async () => {
     const pdf = randomBytes(40_000);
     const logo = randomBytes(3_000);
@@ -445,7 +445,7 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
   }, 60_000);
 });
 
-describe('reading a message (contract 19 mapping)', () => {
+describe('reading a message (docs/smtp.md "From a message to an email")', () => {
   it('decodes names, keeps groups in To, maps to, cc and bcc, and reads 8-bit headers as UTF-8', async () => {
     const raw = Buffer.from(
       'From: =?UTF-8?Q?J=C3=B6_Smith?= <jo@acme.test>\r\nTo: undisclosed-recipients:;, Team: a@x.test, "B, C" <b@x.test>;\r\n' +
@@ -472,7 +472,7 @@ describe('reading a message (contract 19 mapping)', () => {
   });
 });
 
-describe('a revoked token (contract 16)', () => {
+describe('a revoked token (docs/foundation.md "Authentication and rate limiting")', () => {
   it('is refused on SMTP within 2 seconds of DELETE /api/v2/tokens/{id}', async () => {
     const created = (await api('POST', '/tokens', { name: 'smtp app', permissions: ['emails'] })).json();
     const first = await openDialog(listener.port);

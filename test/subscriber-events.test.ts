@@ -32,7 +32,7 @@ async function poll<T>(read: () => Promise<T>, done: (value: T) => boolean, time
   }
 }
 
-describe('POST /api/v2/events (spec 4.17, contract 6)', () => {
+describe('POST /api/v2/events (docs/audience.md "Events")', () => {
   it('records payments and refunds and moves revenue', async () => {
     const s = await subscriber('payer@example.com');
     const paid = await api('POST', '/events', { eventType: 'SUBSCRIBER_PAYMENT', subscriber: 'Payer@example.com', data: { amount: 1999, currency: 'EUR', order: 'A-1' } });
@@ -87,7 +87,7 @@ describe('POST /api/v2/events (spec 4.17, contract 6)', () => {
   });
 });
 
-describe('triggerWorkflows (spec 6.3, contract 6)', () => {
+describe('triggerWorkflows (docs/audience.md "Workflows")', () => {
   let workers: RunningWorkers;
   let connection: ReturnType<typeof createRedis>;
   beforeAll(async () => {

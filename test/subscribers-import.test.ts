@@ -38,7 +38,7 @@ function get(ref: string) {
   return ctx.app.inject({ url: `/api/v2/subscribers/${ref}`, headers: bearer(org.token) });
 }
 
-describe('cli subscribers import (contract 1)', () => {
+describe('cli subscribers import (docs/audience.md "CSV import")', () => {
   it('upserts rows with tags and custom fields and prints a summary', async () => {
     // An existing contact: its tag stays, its fields merge, it is re-subscribed.
     const setup = [

@@ -29,7 +29,7 @@ async function countRows(table: string): Promise<number> {
   return rows[0].n;
 }
 
-describe('POST /api/v2/subscribers (spec 4.4, contract 6)', () => {
+describe('POST /api/v2/subscribers (docs/audience.md "Writes")', () => {
   it('creates a subscriber with tags created on the fly and fields', async () => {
     const body = await create({ email: '  Ada@Example.COM ', name: 'Ada', phone: '+331234', tags: ['VIP', 'news'], fields: { plan: 'pro' } });
     expect(body).toEqual({
@@ -125,7 +125,7 @@ describe('POST /api/v2/subscribers (spec 4.4, contract 6)', () => {
   });
 });
 
-describe('subscriber states (spec 3.2)', () => {
+describe('subscriber states (docs/audience.md "Status transitions")', () => {
   it('re-subscribes an UNSUBSCRIBED contact on create (resubscribe defaults to true)', async () => {
     const s = await create({ email: 'back@example.com' });
     expect((await api('POST', `/subscribers/${s.id}/unsubscribe`)).json().status).toBe('UNSUBSCRIBED');
@@ -148,7 +148,7 @@ describe('subscriber states (spec 3.2)', () => {
   });
 });
 
-describe('double opt-in (spec 3.2, contract 6)', () => {
+describe('double opt-in (docs/audience.md "Double opt-in")', () => {
   let doi: { token: string; organizationId: string };
   beforeAll(async () => {
     doi = await createOrg(ctx.services, { name: 'Double', doubleOptIn: true });
@@ -185,7 +185,7 @@ describe('double opt-in (spec 3.2, contract 6)', () => {
   });
 });
 
-describe('GET, PATCH and list (spec 4.5, 4.6, 4.18)', () => {
+describe('GET, PATCH and list (docs/audience.md)', () => {
   it('gets by id and by address in the get shape', async () => {
     const s = await create({ email: 'get@example.com', name: 'Get', tags: ['g'], fields: { b: '2', a: '1' } });
     for (const ref of [s.id, 'get@example.com', encodeURIComponent('GET@Example.com')]) {
@@ -278,7 +278,7 @@ describe('GET, PATCH and list (spec 4.5, 4.6, 4.18)', () => {
   });
 });
 
-describe('tags of a subscriber and unsubscribe (contract 6)', () => {
+describe('tags of a subscriber and unsubscribe (docs/audience.md)', () => {
   it('attaches and detaches tags, answering the create/patch shape', async () => {
     const s = await create({ email: 'tagged@example.com', tags: ['keep'] });
     const added = await api('POST', `/subscribers/${s.id}/tags`, { tags: ['new one', 'keep'] });
@@ -296,7 +296,7 @@ describe('tags of a subscriber and unsubscribe (contract 6)', () => {
   });
 });
 
-describe('permissions and organizations (spec 5)', () => {
+describe('permissions and organizations (docs/foundation.md "Tokens and permissions")', () => {
   it('needs the subscribers permission', async () => {
     const created = await api('POST', '/tokens', { name: 'audience only', permissions: ['audience'] });
     const limited = created.json().token;

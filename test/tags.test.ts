@@ -17,7 +17,7 @@ function api(method: 'GET' | 'POST' | 'PATCH', url: string, body?: unknown, as =
   return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(as), ...(body === undefined ? {} : { payload: body as object }) });
 }
 
-describe('tags (spec 2.4, 4.7, contract 7)', () => {
+describe('tags (docs/audience.md)', () => {
   it('creates, gets by id or name, and lists by name', async () => {
     const b = (await api('POST', '/tags', { name: ' beta ' })).json();
     expect(b).toEqual({ id: expect.stringMatching(/^tag_[0-9a-z]{26}$/), name: 'beta' });

@@ -17,7 +17,7 @@ async function mint(token: string, name: string): Promise<{ id: string; token: s
 
 const status = async (token: string) => (await ctx.app.inject({ url: '/api/v2/tokens', headers: bearer(token) })).statusCode;
 
-describe('DELETE /api/v2/tokens/{id} (contract 16)', () => {
+describe('DELETE /api/v2/tokens/{id} (docs/foundation.md "Authentication and rate limiting")', () => {
   it('deletes the token: its secret is refused at once, the others keep working', async () => {
     const { token } = await createOrg(ctx.services);
     const doomed = await mint(token, 'leaked');
@@ -62,7 +62,7 @@ describe('DELETE /api/v2/tokens/{id} (contract 16)', () => {
   });
 });
 
-describe('revocation reaches every API process (contract 16)', () => {
+describe('revocation reaches every API process (docs/foundation.md "Authentication and rate limiting")', () => {
   const processes: ServiceProcess[] = [];
   afterAll(() => processes.forEach((p) => p.kill()));
 
@@ -108,7 +108,7 @@ describe('revocation reaches every API process (contract 16)', () => {
   });
 });
 
-describe('operator CLI: org list, token list, token revoke (contract 16)', () => {
+describe('operator CLI: org list, token list, token revoke (docs/foundation.md "Authentication and rate limiting")', () => {
   const cli = (...args: string[]) => runCli(args, ctx.env.env);
 
   it('lists organizations and tokens as JSON, never a secret', async () => {

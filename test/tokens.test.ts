@@ -15,7 +15,7 @@ function post(body: unknown, as = token) {
   return ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(as), payload: body as object });
 }
 
-describe('POST /api/v2/tokens (spec 4.1, contract 5)', () => {
+describe('POST /api/v2/tokens (docs/foundation.md "Tokens and permissions")', () => {
   it('mints a token with a preset and shows the secret once', async () => {
     const res = await post({ name: 'app token', preset: 'app' });
     expect(res.statusCode).toBe(200);
@@ -26,7 +26,7 @@ describe('POST /api/v2/tokens (spec 4.1, contract 5)', () => {
     expect(body.createdAt).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
   });
 
-  it('expands every preset of spec 5.6', async () => {
+  it('expands every preset of docs/foundation.md "Tokens and permissions"', async () => {
     const expected: Record<string, string[]> = {
       app: ['audience', 'emails', 'subscribers'],
       marketing: ['analytics', 'audience', 'campaigns', 'emails', 'subscribers', 'workflows'],
@@ -122,7 +122,7 @@ describe('POST /api/v2/tokens (spec 4.1, contract 5)', () => {
   });
 });
 
-describe('GET /api/v2/tokens (spec 4.2)', () => {
+describe('GET /api/v2/tokens (docs/foundation.md "Tokens and permissions")', () => {
   it('lists summaries with last4 and never the secret', async () => {
     const created = (await post({ name: 'listed', preset: 'app' })).json();
     const res = await ctx.app.inject({ url: '/api/v2/tokens', headers: bearer(token) });
@@ -177,7 +177,7 @@ describe('GET /api/v2/tokens (spec 4.2)', () => {
   });
 });
 
-describe('authentication (spec 5)', () => {
+describe('authentication (docs/foundation.md "Authentication and rate limiting")', () => {
   it.each([
     ['no header', {}],
     ['a non-bearer scheme', { authorization: `Basic ${Buffer.from('a:b').toString('base64')}` }],

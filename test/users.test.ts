@@ -33,7 +33,7 @@ async function cliWithStdin(args: string[], input: string): Promise<{ code: numb
 
 const userCount = async () => Number(((await ctx.services.orm.em.fork().execute('select count(*) as n from users')) as Array<{ n: string }>)[0]!.n);
 
-describe('user create and user list (contract 16)', () => {
+describe('user create and user list (docs/dashboard.md "Getting in")', () => {
   it('creates a user with the password from stdin, hashed with argon2id, and lists it as JSON', async () => {
     const created = await cliWithStdin(['user', 'create', '--org', org.organizationId, '--email', ' Jane@Acme.TEST ', '--json'], 'a long passphrase\n');
     expect(created.code).toBe(0);

@@ -56,7 +56,7 @@ describe('unknown body fields: refused on every route, the same way', () => {
     expect(res.json().updatedFields).toEqual(['subject']);
   });
 
-  it('mailFormat is always a string (spec 2.5)', async () => {
+  it('mailFormat is always a string (docs/campaigns.md "API decisions")', async () => {
     const created = (await post('/campaigns', { name: 'Formats' })).json();
     expect(created.mailFormat).toBe('html');
     const patched = await ctx.app.inject({ method: 'PATCH', url: `/api/v2/campaigns/${created.id}`, headers: bearer(token), payload: { mailFormat: null } });

@@ -64,7 +64,7 @@ async function check(email: string, as = token): Promise<Result> {
 const codes = (r: Result) => r.issues.map((i) => i.code);
 const em = () => ctx.services.orm.em.fork();
 
-describe('POST /api/v2/verify (spec 4.3)', () => {
+describe('POST /api/v2/verify (docs/verification.md)', () => {
   it('answers a clean address on a routed domain: risky, accept, score 80, no issues (rule 3)', async () => {
     const r = await check(' Jane.Doe+news@Acme.IO ');
     expect(r).toMatchObject({
@@ -454,7 +454,7 @@ describe('internal_error', () => {
   });
 });
 
-describe('quota (rule 10, spec 3.5)', () => {
+describe('quota (rule 10, docs/verification.md "Quota")', () => {
   it('counts every call for the UTC month and reports resets_at', async () => {
     const org = await createOrg(ctx.services, { name: 'Q', verifyQuota: 3 });
     const now = new Date();
@@ -534,13 +534,13 @@ describe('quota across processes', () => {
   });
 });
 
-describe('the code table (rules 5, 7, 8; contract 13)', () => {
+describe('the code table (rules 5, 7, 8; docs/verification.md)', () => {
   it('is retryable exactly for mailbox_full, mailbox_unknown, quota_exceeded, internal_error', () => {
     const retryable = Object.entries(ISSUE_CODES).filter(([, r]) => r.retryable).map(([c]) => c).sort();
     expect(retryable).toEqual(['internal_error', 'mailbox_full', 'mailbox_unknown', 'quota_exceeded']);
   });
 
-  it('has the severities of contract 13 and every code of rule 8', () => {
+  it('has the severities of docs/verification.md "Issue codes" and every code of rule 8', () => {
     const warnings = Object.entries(ISSUE_CODES).filter(([, r]) => r.severity === 'warning').map(([c]) => c).sort();
     expect(warnings).toEqual(['catch_all', 'domain_typo', 'mailbox_unknown', 'privacy_alias', 'role_based', 'spam_like', 'suspicious_domain']);
     expect(Object.keys(ISSUE_CODES).sort()).toEqual(
@@ -553,7 +553,7 @@ describe('the code table (rules 5, 7, 8; contract 13)', () => {
   });
 });
 
-describe('cli verify EMAIL (contract 1)', () => {
+describe('cli verify EMAIL (docs/verification.md)', () => {
   it('verifies through the API with MAILROOM_URL and MAILROOM_TOKEN', async () => {
     const address = await ctx.app.listen({ port: 0, host: '127.0.0.1' });
     const run = (args: string[], extra: Record<string, string> = {}) =>

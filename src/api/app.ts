@@ -27,7 +27,7 @@ export interface BuildAppOptions {
   logRequests?: boolean;
 }
 
-// Contract 4: 1 MiB per request; routes that take many items (batch) raise it to 10 MiB.
+// docs/foundation.md "Errors": 1 MiB per request; routes that take many items (batch) raise it to 10 MiB.
 export const BODY_LIMIT = 1024 * 1024;
 
 export async function buildApp(services: Services, options: BuildAppOptions = {}): Promise<App> {
@@ -55,7 +55,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     validatorCompiler(route.httpPart === 'body' && route.url.startsWith('/api/v2/') ? { ...route, schema: strictBody(route.schema) as z.ZodType } : route),
   );
   app.setSerializerCompiler(serializerCompiler);
-  // Only JSON bodies are accepted anywhere: anything else is 415 (contract 4).
+  // Only JSON bodies are accepted anywhere: anything else is 415 (docs/foundation.md "Errors").
   app.removeContentTypeParser(['text/plain']);
   app.decorate('services', services);
   app.decorateRequest('caller', null as never);
@@ -121,7 +121,8 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(providerWebhooksRoutes);
   app.get('/api/v2/openapi.json', { schema: { hide: true } }, async () => app.swagger());
 
-  // Learns of revoked tokens from every process (contract 16); stopped by closeServices.
+  // Learns of revoked tokens from every process
+  // (docs/foundation.md "Authentication and rate limiting"); stopped by closeServices.
   const tokenCache = services.tokenCache;
   const rateLimiter = services.tokenLimiter;
   await app.register(
@@ -132,7 +133,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     { prefix: '/api/v2' },
   );
   await registerAgentInterfaces(app, services, tokenCache, rateLimiter);
-  // The dashboard (contract 20) in its own scope: form bodies, sessions, HTML errors.
+  // The dashboard (docs/dashboard.md) in its own scope: form bodies, sessions, HTML errors.
   await app.register(dashboard, { tokenCache });
 
   return app as unknown as App;

@@ -17,7 +17,7 @@ const METHODS = ['get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'tr
 
 const ERROR_SCHEMA: Json = {
   type: 'object',
-  description: 'Every error answer (contract 4).',
+  description: 'Every error answer has this body, whatever its status.',
   required: ['name', 'message', 'statusCode'],
   properties: {
     name: { type: 'string', description: 'Machine-readable code, e.g. validation_error, not_found', examples: ['validation_error'] },

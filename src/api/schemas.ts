@@ -1,6 +1,6 @@
 import { z } from 'zod';
 
-/** Spec 2.1: `{ object: "list", has_more, data }`. */
+/** The list envelope (docs/foundation.md "Identifiers, time and lists"): `{ object: "list", has_more, data }`. */
 export function listEnvelope<T extends z.ZodType>(item: T) {
   return z.object({ object: z.literal('list'), has_more: z.boolean(), data: z.array(item) });
 }
@@ -9,10 +9,10 @@ export function list<T>(data: T[], hasMore: boolean) {
   return { object: 'list' as const, has_more: hasMore, data };
 }
 
-/** Contract 3: `limit` outside 1..100 is 422. */
+/** docs/foundation.md "Identifiers, time and lists": `limit` outside 1..100 is 422. */
 export const limitQuery = z.coerce.number().int().min(1).max(100);
 
-/** Contract 3: ISO 8601 in UTC with milliseconds. */
+/** docs/foundation.md "Identifiers, time and lists": ISO 8601 in UTC with milliseconds. */
 export const Timestamp = z.string().describe('ISO 8601 UTC timestamp with milliseconds');
 
 export function iso(date: Date): string;

@@ -16,7 +16,7 @@ declare module 'fastify' {
     em: EntityManager;
   }
   interface FastifyContextConfig {
-    /** The scope the route needs (spec 5.7). */
+    /** The scope the route needs (docs/foundation.md "Tokens and permissions"). */
     permission?: Permission;
     /** Error name when the scope is missing; the spec asks `validation_error` on email reads. */
     permissionErrorName?: string;

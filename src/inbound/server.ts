@@ -63,10 +63,10 @@ class SmtpReply extends Error {
 }
 
 /**
- * The inbound SMTP listener (contract 18a): accepts mail only for valid return-path
- * addresses (`b+{token}@…`, anything else is 550 at RCPT), up to `maxMessageBytes` (552
- * beyond) and `maxConnections` at once (421 beyond), never sends anything back (no bounce
- * of a bounce). No AUTH: it is an MX, open to the world like any mailbox host.
+ * The inbound SMTP listener (docs/outcomes.md "Bounces and complaints by mail"): accepts mail only
+ * for valid return-path addresses (`b+{token}@…`, anything else is 550 at RCPT), up to
+ * `maxMessageBytes` (552 beyond) and `maxConnections` at once (421 beyond), never sends anything
+ * back (no bounce of a bounce). No AUTH: it is an MX, open to the world like any mailbox host.
  */
 export async function startInboundServer(options: InboundServerOptions): Promise<InboundServer> {
   const { returnPaths, logger } = options;

@@ -110,7 +110,7 @@ const envSchema = z
     ADMIN_PASSWORD: z.string().min(1).optional(),
     ALLOW_UNVERIFIED_DOMAINS: booleanish.optional(),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
-    // SMTP submission (contract 19, docs/smtp.md): the listener, its TLS and its size limit.
+    // SMTP submission (docs/smtp.md): the listener, its TLS and its size limit.
     SMTP_SUBMISSION_HOST: z.string().min(1).default('127.0.0.1'),
     SMTP_SUBMISSION_PORT: z.coerce.number().int().min(0).max(65535).default(2587),
     SMTP_SUBMISSION_TLS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
@@ -140,7 +140,8 @@ const envSchema = z
       .string()
       .transform((v, ctx) => normalizeHostname(v) ?? (ctx.addIssue({ code: 'custom', message: 'expected a host name' }), z.NEVER))
       .optional(),
-    // Webhooks (contract 17): allow endpoint URLs whose host is loopback/private/link-local.
+    // Webhooks (docs/webhooks.md "Input rules"): allow endpoint URLs whose host is
+    // loopback/private/link-local.
     WEBHOOK_ALLOW_PRIVATE_URLS: booleanish.optional(),
     // Operator essentials: retention of old rows (purge-expired) and the From address of the
     // service's own mail (double opt-in confirmations of an organization without a sender).
@@ -219,7 +220,7 @@ export interface Config {
   adminPassword?: string;
   allowUnverifiedDomains: boolean;
   logLevel: string;
-  /** SMTP submission (contract 19). */
+  /** SMTP submission (docs/smtp.md). */
   smtpSubmission: {
     host: string;
     port: number;

@@ -26,8 +26,9 @@ import { VerificationStore } from './verification/store.js';
 import { WebhookClient } from './webhooks/dispatcher.js';
 
 /**
- * The infrastructure of one process, made once at start-up and passed down (STYLE 4).
- * Nothing in the service connects to anything as a side effect of an import.
+ * The infrastructure of one process, made once at start-up and passed down
+ * (docs/architecture.md "Processes"). Nothing in the service connects to anything as a side effect
+ * of an import.
  */
 export interface Services {
   config: Config;
@@ -49,7 +50,7 @@ export interface Services {
   render: RenderPool;
   /** RATE_LIMIT_ORG_PER_SECOND per organization, for every interface of this process. */
   orgLimiter: WindowRateLimiter;
-  /** Signs and verifies the per-email return paths (bounces by mail, contract 18a). */
+  /** Signs and verifies the per-email return paths (bounces by mail, docs/outcomes.md "The return path (VERP)"). */
   returnPaths: ReturnPaths;
   /** Amazon SNS signing certificates fetched for the SES webhook, cached by URL. */
   snsCertificates: SnsCertificates;
@@ -134,7 +135,8 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     dns: await createDns(redis, config, { logger, metrics }),
     metrics,
     mailer: createMailTransport(config.mail, {
-      // Mail from a domain of the organization is signed with that domain's key (contract 11).
+      // Mail from a domain of the organization is signed with that domain's key
+      // (docs/domains.md "DKIM signing").
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain, dkimKeys)) ?? undefined,
       // VERP: bounces come back to a per-email address (docs/outcomes.md).
       returnPath: (emailId, fromDomain, ownDomain) => returnPaths.address(emailId, returnPathHost(fromDomain, ownDomain, config.inbound.bounceDomain)),

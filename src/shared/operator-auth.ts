@@ -1,6 +1,6 @@
 import { safeEqual, sha256Hex } from './crypto.js';
 
-/** The one operator account: the dashboard and /metrics (contract 14). */
+/** The one operator account: the dashboard and /metrics (docs/operations.md "Metrics"). */
 export const OPERATOR_USER = 'admin';
 
 export const OPERATOR_CHALLENGE = 'Basic realm="mailroom operators", charset="UTF-8"';

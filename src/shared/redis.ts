@@ -4,7 +4,7 @@ import { Redis, type RedisOptions } from 'ioredis';
 const PRODUCER_COMMAND_TIMEOUT_MS = 3_000;
 
 /**
- * Two kinds of connection (STYLE 12):
+ * Two kinds of connection (docs/operations.md "When PostgreSQL or Redis goes away"):
  * - `producer` (API, CLI): fails fast while Redis is down, so a request is answered 503
  *   instead of waiting in an offline queue;
  * - `worker` (BullMQ workers and their blocking reads): retries every command and

@@ -11,7 +11,7 @@ import { storeSubmission } from '../shared/submission/queries.js';
 import { holds } from '../shared/tokens/permissions.js';
 import type { Caller } from '../shared/tokens/service.js';
 
-/** Contract 19: at most this many envelope recipients a message. */
+/** docs/smtp.md "Authentication, limits and replies": at most this many envelope recipients a message. */
 export const MAX_RECIPIENTS = 50;
 
 export interface SubmissionListener {
@@ -67,7 +67,7 @@ function readData(stream: SMTPServerDataStream): Promise<Buffer | undefined> {
 }
 
 /**
- * The SMTP submission listener (contract 19, docs/smtp.md): AUTH PLAIN or LOGIN with an
+ * The SMTP submission listener (docs/smtp.md): AUTH PLAIN or LOGIN with an
  * API token as the password (the HTTP API's lookup and per-token rate limit), then each
  * message is read, checked like `POST /api/v2/emails`, and stored with its attachments in
  * one transaction before the final `250 2.0.0 OK eml_...`.
@@ -158,7 +158,8 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (stream.sizeExceeded) throw replies.tooBig(max);
           const message = await readSubmittedMessage(raw, envelopeTo);
           const em = services.orm.em.fork();
-          // The API's one sending policy (contract 12); no query unless ALLOW_UNVERIFIED_DOMAINS=false.
+          // The API's one sending policy (docs/security.md "The sending policy"); no query unless
+          // ALLOW_UNVERIFIED_DOMAINS=false.
           const problem = await sendingPolicyProblem(em, services.config, caller.organizationId, message.from);
           if (problem) throw replies.notAllowed(`From: ${problem}`);
           return storeSubmission(em, deps, caller.organizationId, message);

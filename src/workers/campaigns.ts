@@ -7,7 +7,7 @@ import { defineProcessor, type JobContext } from './runner.js';
 
 // How often a SENDING campaign whose fan-out is done checks whether every email is out.
 const COMPLETE_POLL_MS = 1_000;
-// Re-enqueue the jobs of SCHEDULED/SENDING campaigns that Redis lost (contract 15).
+// Re-enqueue the jobs of SCHEDULED/SENDING campaigns that Redis lost (docs/campaigns.md "Fan-out").
 const RECONCILE_EVERY_MS = 30_000;
 
 function fanOutDeps(ctx: JobContext): FanOutDeps {

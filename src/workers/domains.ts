@@ -11,7 +11,7 @@ const SWEEP_CONCURRENCY = 8;
 export const SWEEP_EVERY_MS = 15_000;
 
 /**
- * Sending-domain verification (spec 3.4, contract 12). Lookups go through `dns.fresh`: a
+ * Sending-domain verification (docs/domains.md "Verification"). Lookups go through `dns.fresh`: a
  * record the user has just published must not be hidden by a cached NXDOMAIN or an old
  * answer. The fresh answers still refresh the shared cache.
  */

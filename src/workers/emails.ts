@@ -72,7 +72,7 @@ function recordOutcome(ctx: JobContext, result: DeliverOutcome, finalAttempt: bo
   const { metrics } = ctx.services;
   if (result.outcome === 'sent' || result.outcome === 'delivered') {
     metrics.emailsSent.inc({ source: ctx.job.queueName === 'campaign-emails' ? 'campaign' : 'api' });
-    // The file transport reports delivery at once (contract 11).
+    // The file transport reports delivery at once (docs/emails.md "Transports").
     if (result.outcome === 'delivered') metrics.emailsDelivered.inc();
   } else if (result.outcome === 'failed' && result.reason !== SUPPRESSED_REASON) {
     metrics.emailsFailed.inc({ reason: failureCode(result.reason, finalAttempt) });

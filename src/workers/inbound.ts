@@ -11,8 +11,8 @@ const KEEP_READ_REPORTS_MS = 30 * 24 * 3600 * 1000;
 const PURGE_BATCH = 5_000;
 
 /**
- * Bounces and complaints received by mail (contract 18a): each stored report is read and
- * applied once (src/shared/bounces/process.ts).
+ * Bounces and complaints received by mail (docs/outcomes.md "Bounces and complaints by mail"): each
+ * stored report is read and applied once (src/shared/bounces/process.ts).
  */
 export const inboundProcessor = defineProcessor({
   queue: 'inbound',

@@ -6,7 +6,7 @@ export const maintenanceProcessor = defineProcessor({
   queue: 'maintenance',
   concurrency: 1,
   handlers: {
-    // Retention (contract 21, docs/operations.md): batches of a few thousand rows, each its
+    // Retention (docs/operations.md): batches of a few thousand rows, each its
     // own short statement. A backlog larger than one run's budget continues at once in a
     // follow-up job rather than holding this one (and a worker's shutdown) for long.
     'purge-expired': async (_payload, ctx) => {

@@ -10,7 +10,7 @@ import { parsePayload, type JobName, type JobPayload, type QueueName } from '../
 
 export interface JobContext {
   services: Services;
-  /** A fresh fork for this job only (STYLE 8). */
+  /** A fresh fork for this job only (docs/architecture.md "Conventions"). */
   em: EntityManager;
   log: Logger;
   job: Job;

@@ -90,7 +90,7 @@ function loginPage(options: { error?: string; notice?: string; email?: string })
   );
 }
 
-/** The dashboard (contract 20), at /app, in the API process. */
+/** The dashboard (docs/dashboard.md), at /app, in the API process. */
 export async function dashboard(app: App, options: { tokenCache: TokenCache }): Promise<void> {
   const services = app.services;
   const ctx: DashboardContext = {

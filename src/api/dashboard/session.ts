@@ -2,9 +2,9 @@ import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { redisKey, type Services } from '../../shared/container.js';
 
 export const SESSION_COOKIE = 'mailroom_session';
-// Contract 20: a session ends after 12 hours without a request.
+// docs/dashboard.md "Getting in": a session ends after 12 hours without a request.
 export const SESSION_IDLE_SECONDS = 12 * 3600;
-// Contract 20: 5 failed sign-ins a minute for one address, then 429.
+// docs/dashboard.md "Getting in": 5 failed sign-ins a minute for one address, then 429.
 export const SIGN_IN_FAILURES = 5;
 export const SIGN_IN_WINDOW_SECONDS = 60;
 

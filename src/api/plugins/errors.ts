@@ -15,7 +15,7 @@ export function errorBody(statusCode: number, name: string, message: string, det
   return details ? { name, message, statusCode, details } : { name, message, statusCode };
 }
 
-// Fastify's own errors, by code, to the contract's names (contract section 4).
+// Fastify's own errors, by code, to the error names of docs/foundation.md "Errors".
 const FASTIFY_ERRORS: Record<string, { status: number; name: string; message: string }> = {
   FST_ERR_CTP_INVALID_JSON_BODY: { status: 400, name: 'invalid_json', message: 'The body is not valid JSON' },
   FST_ERR_CTP_EMPTY_JSON_BODY: { status: 400, name: 'invalid_json', message: 'The body is empty but declared as JSON' },
@@ -89,7 +89,7 @@ export function toErrorBody(error: unknown, request: FastifyRequest): ErrorBody 
     const context = (error as { validationContext?: string }).validationContext;
     if (context === 'params') {
       // A path parameter names a resource: one that fails its schema (an id too long)
-      // names none. Spec 7: an unknown id, email, hostname or name is 404.
+      // names none. docs/foundation.md "Errors": an unknown id, email, hostname or name is 404.
       const first = error.validation[0];
       return errorBody(404, 'not_found', `No resource at this path (${detailPath(context, first?.instancePath ?? '')}: ${first?.message ?? 'invalid'})`);
     }
@@ -139,8 +139,8 @@ function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?:
 /**
  * Fastify's router refuses a path before any route or hook sees it when a segment is not
  * valid percent-encoding (`%FF`, `%E0%A4%A`) or a parameter is longer than `maxParamLength`.
- * No resource is named by such a path: 404 `not_found` in the spec's shape (contract 4),
- * rather than Fastify's own body.
+ * No resource is named by such a path: 404 `not_found` in the spec's shape
+ * (docs/foundation.md "Errors"), rather than Fastify's own body.
  */
 export function frameworkError(
   error: FastifyError,

@@ -69,7 +69,8 @@ function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.i
     preview: c.preview,
     status: c.status,
     contentType: c.contentType,
-    // Always a string (spec 2.5): null (an older row, or set to null) reads as the default.
+    // Always a string (docs/campaigns.md "API decisions"): null (an older row, or set to null)
+    // reads as the default.
     mailFormat: c.mailFormat ?? DEFAULT_MAIL_FORMAT,
     content: c.content,
     recipientCount,
@@ -90,7 +91,7 @@ function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.i
 
 const Params = z.object({ campaignId: z.string().max(100) });
 
-/** Spec 4.11; also the `schedule_campaign` tool's arguments (src/api/tools/catalog.ts). */
+/** docs/campaigns.md "API decisions"; also the `schedule_campaign` tool's arguments (src/api/tools/catalog.ts). */
 export const SendBody = z.strictObject({
   scheduledAt: z.string().max(100).optional().describe('ISO 8601; without an offset, a wall-clock time in timezone'),
   timezone: z.string().max(100).optional().describe('IANA time zone, default Europe/Paris'),

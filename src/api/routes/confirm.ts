@@ -23,10 +23,10 @@ const NOT_VALID = page('Link not valid', paragraph('This confirmation link is no
 const Params = z.object({ token: z.string().max(1000) });
 
 /**
- * Contract 6 and 10: `GET /confirm/{token}` (public, no API token) shows a page with a
- * confirm button and changes nothing, because mail scanners and link previews follow every
- * link of a message; the button's `POST /confirm/{token}` confirms double opt-in and stores
- * the evidence (time, IP, user agent of the POST). A forged token is 404.
+ * docs/audience.md "Double opt-in": `GET /confirm/{token}` (public, no API token) shows a page with
+ * a confirm button and changes nothing, because mail scanners and link previews follow every link
+ * of a message; the button's `POST /confirm/{token}` confirms double opt-in and stores the evidence
+ * (time, IP, user agent of the POST). A forged token is 404.
  */
 export async function confirmRoutes(app: App): Promise<void> {
   // The page's form posts a urlencoded body; the token alone says who. Scoped to this plugin.

@@ -9,7 +9,7 @@ import { listAttachments, type AttachmentSummary } from '../../shared/submission
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 
-// Contract 4: the batch takes up to 100 bodies, so up to 10 MiB.
+// docs/foundation.md "Errors": the batch takes up to 100 bodies, so up to 10 MiB.
 const BATCH_BODY_LIMIT = 10 * 1024 * 1024;
 const MAX_BATCH = 100;
 
@@ -32,7 +32,8 @@ const EmailResource = EmailRow.extend({
   html: z.string().nullable(),
   text: z.string().nullable(),
   tags: z.array(Tag),
-  // Contract 19: the attachments of a message submitted over SMTP; empty for API email.
+  // docs/smtp.md "From a message to an email": the attachments of a message submitted over SMTP;
+  // empty for API email.
   attachments: z.array(z.object({ filename: z.string().nullable(), content_type: z.string(), size: z.number().int() })),
 });
 
@@ -57,7 +58,7 @@ function resource(email: Email, attachments: AttachmentSummary[]) {
     object: 'email' as const,
     ...row(email),
     // Until the worker stores the rendered body, client HTML is shown as sent; a markdown or
-    // tiptap source is never returned as such (spec 2.6). A submitted message without an
+    // tiptap source is never returned as such (docs/emails.md). A submitted message without an
     // HTML part has none.
     html: email.contentKind === 'message' ? email.html || email.content || null : (email.html ?? (email.contentKind === 'html' ? email.content : null)),
     text: email.text,
@@ -96,7 +97,8 @@ export async function emailsRoutes(app: App): Promise<void> {
     },
     async (request) => {
       const email = newEmailFromBody(request.caller.organizationId, request.body);
-      // Contract 12; a no-op (no query) unless ALLOW_UNVERIFIED_DOMAINS=false.
+      // docs/security.md "The sending policy"; a no-op (no query) unless
+      // ALLOW_UNVERIFIED_DOMAINS=false.
       await assertSendingAllowed(request.em, app.services.config, email.organizationId, email.from);
       const { ids, replayed } = await writer.write(email, idempotency(request, request.headers['idempotency-key'], 'POST /emails'));
       if (!replayed) accepted.inc();

@@ -14,7 +14,7 @@ const EventBody = z.object({
     .describe('amount in integer cents; further keys are kept'),
 });
 
-/** Spec 4.17: payments and refunds (permission `subscribers`; invalid input is 400). */
+/** docs/audience.md "Events": payments and refunds (permission `subscribers`; invalid input is 400). */
 export async function eventsRoutes(app: App): Promise<void> {
   app.post(
     '/events',

@@ -20,7 +20,7 @@ const invalidSignature = (message: string) => new AppError(401, 'invalid_signatu
 const notConfigured = (provider: string) => new NotFoundError(`The ${provider} webhook is not configured on this installation`);
 
 /**
- * The mail providers' own webhooks at the root (contract 18b, docs/outcomes.md): each a thin
+ * The mail providers' own webhooks at the root (docs/outcomes.md): each a thin
  * adapter from the provider's payload to the one delivery-feedback recorder
  * (`applyDeliveryFeedback`), after the provider's own proof of authenticity. A provider
  * whose secret is not configured is 404; a bad proof is 401 and changes nothing; an event

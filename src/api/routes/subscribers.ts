@@ -49,7 +49,7 @@ export const PatchBody = z.object({ email: EmailAddress.optional(), ...WritableF
 const TagsBody = z.object({ tags: z.array(z.string()).min(1).max(TAGS_MAX, `at most ${TAGS_MAX} tags`), triggerWorkflows: z.boolean().optional() });
 const UnsubscribeBody = z.object({ triggerWorkflows: z.boolean().optional() }).nullish();
 
-/** Spec 2.3: the shape answered by create and patch. */
+/** docs/audience.md "Data": the shape answered by create and patch. */
 const WriteShape = z.object({
   id: z.string(),
   email: z.string(),
@@ -61,7 +61,7 @@ const WriteShape = z.object({
   warnings: z.array(z.string()).optional(),
 });
 
-/** Spec 2.3 get shape, plus `revenue` (contract 6). */
+/** docs/audience.md "Data" get shape, plus `revenue` (docs/audience.md "Events"). */
 const GetShape = z.object({
   id: z.string(),
   email: z.string(),

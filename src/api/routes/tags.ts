@@ -8,7 +8,7 @@ const TagShape = z.object({ id: z.string(), name: z.string() }).meta({ id: 'Tag'
 const TagParams = z.object({ tag: z.string().min(1).describe('A tag id or its current name') });
 const TagBody = z.object({ name: TagName });
 
-/** Spec 2.4 and 4.7, contract 7: permission `audience`. */
+/** docs/audience.md: permission `audience`. */
 export async function tagsRoutes(app: App): Promise<void> {
   app.get(
     '/tags',

@@ -25,10 +25,10 @@ function userAgent(request: FastifyRequest): string | null {
 }
 
 /**
- * Contract 10: `GET /t/o/{token}.gif` (open pixel) and `GET /t/c/{token}` (click redirect),
- * public. They answer at once; the hit is written by the TrackingRecorder within a few
- * milliseconds, batched with the others (flushed when the app closes). HEAD answers the
- * same way without counting (link scanners).
+ * docs/outcomes.md "Tokens": `GET /t/o/{token}.gif` (open pixel) and `GET /t/c/{token}` (click
+ * redirect), public. They answer at once; the hit is written by the TrackingRecorder within a few
+ * milliseconds, batched with the others (flushed when the app closes). HEAD answers the same way
+ * without counting (link scanners).
  */
 export async function trackingRoutes(app: App): Promise<void> {
   const { signer, clock } = app.services;
@@ -87,9 +87,9 @@ const SIGNATURE = /^sha256=([0-9a-f]{64})$/i;
 const WEBHOOK_MAX_AGE_S = 600;
 
 /**
- * Contract 11: `POST /webhooks/provider`, authenticated by `X-Mailroom-Signature:
- * sha256=HEX`, the HMAC-SHA256 of the raw body under PROVIDER_WEBHOOK_SECRET (compared in
- * constant time). The signature is checked before the body is validated: 401, then 422.
+ * docs/outcomes.md "Provider webhook": `POST /webhooks/provider`, authenticated by
+ * `X-Mailroom-Signature: sha256=HEX`, the HMAC-SHA256 of the raw body under PROVIDER_WEBHOOK_SECRET
+ * (compared in constant time). The signature is checked before the body is validated: 401, then 422.
  *
  * Optional `X-Mailroom-Timestamp: <Unix seconds>`: the signature is then over
  * `<timestamp>.<raw body>`, and an event more than 10 minutes from now is refused (401),

@@ -15,9 +15,9 @@ const NOT_VALID = page('Link not valid', '<p>This unsubscribe link is not valid.
 const Params = z.object({ token: z.string().max(2000) });
 
 /**
- * Contract 10: `GET /u/{token}` shows a confirm page and changes nothing; `POST /u/{token}`
- * unsubscribes, from the page's form or as an RFC 8058 one-click request (body
- * `List-Unsubscribe=One-Click`, form-encoded). A forged token is 404.
+ * docs/campaigns.md "Personalisation and unsubscribe": `GET /u/{token}` shows a confirm page and
+ * changes nothing; `POST /u/{token}` unsubscribes, from the page's form or as an RFC 8058 one-click
+ * request (body `List-Unsubscribe=One-Click`, form-encoded). A forged token is 404.
  */
 export async function unsubscribeRoutes(app: App): Promise<void> {
   // Form posts (the page's button, mail clients' one-click) carry a urlencoded body; it is

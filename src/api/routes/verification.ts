@@ -5,7 +5,7 @@ import type { App } from '../types.js';
 
 export const VerifyBody = z.object({
   // Any string is checked and answered with 200 (an impossible one is `invalid_format`);
-  // only a missing or non-string `email` is a 422 (spec 4.3).
+  // only a missing or non-string `email` is a 422 (docs/verification.md).
   email: z.string({ error: 'email is required and must be a string' }),
 });
 
@@ -40,7 +40,7 @@ const VerificationSchema = z.object({
 }).meta({ id: 'Verification' });
 
 export async function verificationRoutes(app: App): Promise<void> {
-  // Spec 4.3 and its v1-era twin (spec 9.4): same body, same answer.
+  // `POST /verify` and its older twin `POST /emails/verify` (docs/verification.md): same body, same answer.
   for (const [url, summary] of [
     ['/verify', 'Verify an email address'],
     ['/emails/verify', 'Verify an email address (older path, same as POST /verify)'],

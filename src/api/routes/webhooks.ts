@@ -17,7 +17,7 @@ import {
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 
-/** Contract 17: `http` or `https`, nothing else (the host is checked by the service). */
+/** docs/webhooks.md "Input rules": `http` or `https`, nothing else (the host is checked by the service). */
 const WebhookUrl = z
   .string()
   .trim()

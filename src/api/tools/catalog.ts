@@ -17,7 +17,7 @@ import { segment, type EndpointRequest } from './dispatch.js';
 export interface ToolDefinition<S extends z.ZodType> {
   name: string;
   description: string;
-  /** The permission the endpoint asks (spec 5.7); the endpoint checks it, this only informs. */
+  /** The permission the endpoint asks (docs/foundation.md "Tokens and permissions"); the endpoint checks it, this only informs. */
   permission: Permission;
   inputSchema: S;
   /** Only reads: MCP `readOnlyHint`. */

@@ -6,9 +6,9 @@ import type { App } from '../types.js';
 import { sendWrapped, v1Error } from './envelope.js';
 
 /**
- * The frozen v1 interface (spec 9): each path is its v2 twin answered in-process, with the
- * v1 envelope around it. Mirrored paths are one line of `MIRRORED`; only send-email and the
- * list pagination translate anything (docs/agents.md).
+ * The frozen v1 interface (docs/agents.md "The frozen v1 interface"): each path is its v2 twin
+ * answered in-process, with the v1 envelope around it. Mirrored paths are one line of `MIRRORED`;
+ * only send-email and the list pagination translate anything (docs/agents.md).
  */
 interface Mirror {
   method: 'GET' | 'POST' | 'PATCH' | 'DELETE';

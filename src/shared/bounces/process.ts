@@ -17,7 +17,7 @@ export interface ReportOutcome {
   unmatched?: boolean;
   emailId: string | null;
   verdict: Verdict;
-  /** The customer webhook event this report stands for (contract 17), when it is one. */
+  /** The customer webhook event this report stands for (docs/webhooks.md), when it is one. */
   event?: 'email.bounced' | 'email.complained' | 'email.delivery_delayed';
   /** False when the outcome recorder found nothing new (a replay or a lower status). */
   changed?: boolean;
@@ -32,7 +32,7 @@ export interface ProcessDeps {
   now: Date;
 }
 
-/** The customer webhook event type of a verdict (contract 17), if it is one. */
+/** The customer webhook event type of a verdict (docs/webhooks.md "Event types"), if it is one. */
 export function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
   if (verdict.type === 'bounced') return 'email.bounced';
   if (verdict.type === 'complained') return 'email.complained';
@@ -47,17 +47,17 @@ export function metricOutcome(outcome: ReportOutcome): ReportMetricOutcome {
 }
 
 /**
- * Reads stored reports and applies them (contract 18a). The email is the one a report's
- * return-path token names; the returned message's Message-ID, when the report carries it,
- * must be that email's or another email of the same organization (a feedback loop
- * registered with one return path reports others), never another organization's. The
- * effects are those of the provider webhooks (contract 11), through the same recorder
- * (`applyFeedbackBatch`, one statement a table for the whole batch), in the transaction that
- * marks the reports read (their rows locked first): a report has one effect however often
- * its job runs, and the same report received twice has one effect because every write of
- * the recorder is idempotent. The reports of one job are read together (one query for the
- * reports, one for their emails, one transaction). Returns the outcome of each report read
- * now; unknown and already read reports are left out.
+ * Reads stored reports and applies them (docs/outcomes.md "Bounces and complaints by mail"). The
+ * email is the one a report's return-path token names; the returned message's Message-ID, when the
+ * report carries it, must be that email's or another email of the same organization (a feedback
+ * loop registered with one return path reports others), never another organization's. The effects
+ * are those of the provider webhooks (docs/outcomes.md "Provider webhook"), through the same
+ * recorder (`applyFeedbackBatch`, one statement a table for the whole batch), in the transaction
+ * that marks the reports read (their rows locked first): a report has one effect however often its
+ * job runs, and the same report received twice has one effect because every write of the recorder
+ * is idempotent. The reports of one job are read together (one query for the reports, one for their
+ * emails, one transaction). Returns the outcome of each report read now; unknown and already read
+ * reports are left out.
  */
 export async function processReports(em: EntityManager, reportIds: string[], deps: ProcessDeps): Promise<Map<string, ReportOutcome>> {
   const reports = await pendingReports(em, reportIds);
@@ -97,8 +97,8 @@ export async function processReports(em: EntityManager, reportIds: string[], dep
       p.outcome.changed = results[i]?.changed ?? false;
       if (results[i]?.fresh) p.outcome.fresh = true;
     });
-    // Customer webhooks (contract 17) are written to the outbox by the recorder, in this
-    // transaction; `outcome.event` names the event with the report.
+    // Customer webhooks (docs/webhooks.md "How it works") are written to the outbox by the
+    // recorder, in this transaction; `outcome.event` names the event with the report.
     for (const p of read) done.set(p.id, p.outcome);
     await finishReports(tx as EntityManager, [...done].map(([id, outcome]) => ({ id, outcome })), deps.now);
     return { outcomes: done, items, results };

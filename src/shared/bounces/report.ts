@@ -35,10 +35,10 @@ const TEXT_LIMIT = 64 * 1024;
 const DAEMON_LOCAL_PARTS = new Set(['mailer-daemon', 'postmaster', 'mail-daemon', 'mailerdaemon', 'mdaemon']);
 
 /**
- * Reads a bounce or complaint message (contract 18a): an RFC 3464 DSN (a
- * `message/delivery-status` part), an RFC 5965 ARF report (`message/feedback-report`), or else
- * the text of an unstructured mailer-daemon bounce. mailparser parses the MIME structure; the
- * report parts themselves are header-style blocks (fields.ts). `mailFrom` is the SMTP envelope
+ * Reads a bounce or complaint message (docs/outcomes.md "Bounces and complaints by mail"): an RFC
+ * 3464 DSN (a `message/delivery-status` part), an RFC 5965 ARF report (`message/feedback-report`),
+ * or else the text of an unstructured mailer-daemon bounce. mailparser parses the MIME structure;
+ * the report parts themselves are header-style blocks (fields.ts). `mailFrom` is the SMTP envelope
  * sender (`''` for the null sender `<>` that every DSN carries).
  */
 export async function readReport(raw: Buffer, mailFrom: string): Promise<ReadReport> {

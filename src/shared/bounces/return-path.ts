@@ -34,9 +34,10 @@ function base32(bytes: Buffer): string {
 }
 
 /**
- * Per-email VERP return paths (contract 18a): `b+{ulid}{mac}@bounces.{domain}`. The token is
- * the email id's ULID and an HMAC of it under a key derived from SECRET_KEY, all in lower
- * case: mail systems may change the case of a local part, and base32 survives that.
+ * Per-email VERP return paths (docs/outcomes.md "The return path (VERP)"):
+ * `b+{ulid}{mac}@bounces.{domain}`. The token is the email id's ULID and an HMAC of it under a key
+ * derived from SECRET_KEY, all in lower case: mail systems may change the case of a local part, and
+ * base32 survives that.
  */
 export class ReturnPaths {
   private readonly key: Buffer;

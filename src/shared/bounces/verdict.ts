@@ -1,6 +1,6 @@
 import type { ReadReport, RecipientStatus } from './report.js';
 
-/** What a report means for the email it was matched to (contract 18a). */
+/** What a report means for the email it was matched to (docs/outcomes.md "Bounces and complaints by mail"). */
 export type Verdict =
   | { type: 'bounced'; bounceType: 'hard' | 'soft'; diagnostic: string; copy?: string }
   | { type: 'complained'; diagnostic: string; copy?: string }

@@ -6,8 +6,8 @@ import { mailyHasUnsubscribeLink, mailyProblem, mailyToHtml } from './maily.js';
 import { plateHasUnsubscribeLink, plateProblem, plateToHtml } from './plate.js';
 
 /**
- * Campaign content by type (contract 8): validation, the unsubscribe-link check and the
- * rendering of a campaign ONCE into an HTML and a text template that still hold the
+ * Campaign content by type (docs/campaigns.md "Content formats"): validation, the unsubscribe-link
+ * check and the rendering of a campaign ONCE into an HTML and a text template that still hold the
  * `{{...}}` placeholders; `personalize.ts` fills them per recipient.
  */
 

@@ -27,18 +27,19 @@ import { sendingPolicyProblem, type PolicyConfig } from '../domains/sending-poli
 import { recordCampaignSent } from '../webhooks/queries.js';
 
 /**
- * The fan-out of a campaign (contract 8), resumable (STYLE 10). The campaign's message is
- * rendered ONCE, placeholders left in, into `campaign_templates`; each recipient's row is
- * written without a body (content kind `campaign`) and personalised by the send path when
- * it claims the row (emails/deliver.ts). Recipients are read by keyset pages of subscriber
- * id, set-based: ONE statement per page locks the campaign row (a concurrent delete waits,
- * or the page sees it gone), selects the page, inserts its rows and moves the campaign's
- * cursor to the page's last subscriber id, so a worker killed anywhere resumes after the
- * last committed page. Rows are inserted with `on conflict do nothing` on the unique
- * (campaign_id, subscriber_id): nobody gets two. After each page the page's sends go to
- * `campaign-emails` as `send-batch` jobs (one per 1,000 emails) that the send workers
- * expand into one `send` job per email (jobId = email id); on resume, the queued rows of the campaign are enqueued again, one job per email (an
- * email's job that still exists is not duplicated, and the claim never sends a row twice).
+ * The fan-out of a campaign (docs/campaigns.md "Fan-out"), resumable
+ * (docs/architecture.md "Conventions"). The campaign's message is rendered ONCE, placeholders left
+ * in, into `campaign_templates`; each recipient's row is written without a body (content kind
+ * `campaign`) and personalised by the send path when it claims the row (emails/deliver.ts).
+ * Recipients are read by keyset pages of subscriber id, set-based: ONE statement per page locks the
+ * campaign row (a concurrent delete waits, or the page sees it gone), selects the page, inserts its
+ * rows and moves the campaign's cursor to the page's last subscriber id, so a worker killed
+ * anywhere resumes after the last committed page. Rows are inserted with `on conflict do nothing`
+ * on the unique (campaign_id, subscriber_id): nobody gets two. After each page the page's sends go
+ * to `campaign-emails` as `send-batch` jobs (one per 1,000 emails) that the send workers expand
+ * into one `send` job per email (jobId = email id); on resume, the queued rows of the campaign are
+ * enqueued again, one job per email (an email's job that still exists is not duplicated, and the
+ * claim never sends a row twice).
  */
 export interface FanOutDeps {
   producer: QueueProducer;

@@ -1,9 +1,9 @@
 import { z } from 'zod';
 
 /**
- * Recipient filters (contract 8): all must hold, and recipients are always SUBSCRIBED
- * contacts of the organization. Tags are matched by name, case-insensitively (tag names are
- * unique per organization regardless of case); custom fields compare their string value.
+ * Recipient filters (docs/campaigns.md "Recipient filters"): all must hold, and recipients are
+ * always SUBSCRIBED contacts of the organization. Tags are matched by name, case-insensitively (tag
+ * names are unique per organization regardless of case); custom fields compare their string value.
  */
 const TagFilter = z.strictObject({
   type: z.literal('tag'),

@@ -2,10 +2,10 @@ import type { LinkSigner } from '../crypto.js';
 import { escapeHtml } from '../html.js';
 
 /**
- * Personalisation (contract 8): `{{email}}`, `{{name}}`, `{{fields.NAME}}` and
- * `{{unsubscribe_url}}`. Values are HTML-escaped in the HTML part, raw in the text part and
- * the subject (a header, never HTML; CR/LF removed). An unknown name renders empty. The
- * markdown renderer percent-encodes braces in link targets, so `%7B%7B...%7D%7D` counts too.
+ * Personalisation (docs/campaigns.md "Personalisation and unsubscribe"): `{{email}}`, `{{name}}`,
+ * `{{fields.NAME}}` and `{{unsubscribe_url}}`. Values are HTML-escaped in the HTML part, raw in the
+ * text part and the subject (a header, never HTML; CR/LF removed). An unknown name renders empty.
+ * The markdown renderer percent-encodes braces in link targets, so `%7B%7B...%7D%7D` counts too.
  *
  * A fallback follows a `|`: `Hello {{name|there}}` renders "Hello there" for a subscriber
  * without a name (empty or unknown value). It is template text, up to 200 characters without

@@ -122,12 +122,12 @@ export async function listCampaigns(
   return { items, hasMore: rows.length > limit };
 }
 
-/** Spec 2.5: `mailFormat` is a string; campaigns render to HTML (with a text part). */
+/** docs/campaigns.md "API decisions": `mailFormat` is a string; campaigns render to HTML (with a text part). */
 export const DEFAULT_MAIL_FORMAT = 'html';
 
 const PATCHABLE = ['subject', 'name', 'preview', 'content', 'contentType', 'mailFormat', 'senderId', 'replyTo', 'recipientFilters'] as const;
 
-/** Spec 4.9: only a DRAFT; `updatedFields` lists what changed, `warnings` what was ignored or remapped. */
+/** docs/campaigns.md "API decisions": only a DRAFT; `updatedFields` lists what changed, `warnings` what was ignored or remapped. */
 export async function patchCampaign(
   em: EntityManager,
   organizationId: string,
@@ -172,7 +172,7 @@ export async function patchCampaign(
   return { campaign, updatedFields, warnings };
 }
 
-/** Spec 4.10 and contract 8: a SCHEDULED campaign's send is cancelled; a SENDING one stops. */
+/** docs/campaigns.md "API decisions": a SCHEDULED campaign's send is cancelled; a SENDING one stops. */
 export async function deleteCampaign(em: EntityManager, deps: { producer: QueueProducer; logger?: Logger }, organizationId: string, id: string): Promise<{ status: CampaignStatus }> {
   const campaign = await findCampaign(em, organizationId, id);
   const status = campaign.status;
@@ -195,7 +195,7 @@ export async function deleteCampaign(em: EntityManager, deps: { producer: QueueP
 const ISO_LOCAL = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?$/;
 const ISO_OFFSET = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2})$/i;
 
-/** Contract 8: with an offset the time is absolute; without one it is wall-clock in `timezone`. */
+/** docs/campaigns.md "API decisions": with an offset the time is absolute; without one it is wall-clock in `timezone`. */
 export function parseScheduledAt(value: string, timezone: string): Date {
   const bad = (message: string) => new ValidationError(`scheduledAt: ${message}`, [{ path: 'scheduledAt', message }], 400);
   let parsed: DateTime;
@@ -216,7 +216,7 @@ export interface Scheduled {
   timezoneGiven: boolean;
 }
 
-/** Spec 4.11: DRAFT -> SCHEDULED with recipientCount frozen; the delayed job is enqueued after commit. */
+/** docs/campaigns.md "API decisions": DRAFT -> SCHEDULED with recipientCount frozen; the delayed job is enqueued after commit. */
 export async function scheduleCampaign(
   em: EntityManager,
   deps: { producer: QueueProducer; logger?: Logger; config: PolicyConfig },
@@ -269,7 +269,7 @@ export function formatFrom(sender: { name: string; email: string }): string {
   return name ? `"${name}" <${sender.email}>` : sender.email;
 }
 
-/** Contract 8: one test email (source `test`), personalised for the test address. */
+/** docs/campaigns.md "Personalisation and unsubscribe": one test email (source `test`), personalised for the test address. */
 export async function sendTestEmail(
   em: EntityManager,
   deps: { producer: QueueProducer; logger?: Logger; publicUrl: string; metrics?: Metrics; render: RenderPool; config: Config; redis: Redis },

@@ -2,7 +2,7 @@ import type { CampaignStatus } from '../db/entities/campaign.js';
 import { ValidationError } from '../errors.js';
 
 /**
- * The campaign state machine (spec 3.1, contract 8), in one place. Every status write goes
+ * The campaign state machine (docs/campaigns.md), in one place. Every status write goes
  * through `assertTransition`; the SQL that moves a status also checks the old status, so two
  * processes never both make the same move.
  *

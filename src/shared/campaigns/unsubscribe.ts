@@ -6,9 +6,9 @@ import { UNSUBSCRIBE_PURPOSE } from './personalize.js';
 import { selectUnsubscribeTarget } from './queries.js';
 
 /**
- * `/u/{token}` (contract 10): the token signs the subscriber id. GET only reads
- * (link scanners open links); POST, from the page's button or a mail client's RFC 8058
- * one-click request, unsubscribes.
+ * `/u/{token}` (docs/campaigns.md "Personalisation and unsubscribe"): the token signs the
+ * subscriber id. GET only reads (link scanners open links); POST, from the page's button or a mail
+ * client's RFC 8058 one-click request, unsubscribes.
  */
 export interface UnsubscribeTarget {
   subscriberId: string;

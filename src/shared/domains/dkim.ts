@@ -74,7 +74,7 @@ export class DkimKeyCache {
 /**
  * nodemailer's `dkim` option for mail from `fromDomain` (a hostname or a whole address) of
  * the organization, or null when the organization has no such domain. Signs whatever the
- * domain's status (contract 11: "DKIM-signed when its domain has a key"); whether sending
+ * domain's status (docs/domains.md "DKIM signing"); whether sending
  * from it is allowed at all is `assertSendingDomainAllowed`.
  */
 export async function dkimOptionsFor(

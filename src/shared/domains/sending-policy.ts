@@ -6,13 +6,13 @@ import { AppError, ValidationError } from '../errors.js';
 import { addressDomain, normalizeHostname } from './hostname.js';
 
 /**
- * The sending policy (contract 12): the one check every path that sends mail on behalf of
- * an organization runs before it accepts the message — `POST /emails`, the batch, a
- * campaign's send (when scheduled and again when its fan-out starts), a campaign's test
- * send, the double opt-in confirmation, and SMTP submission. With
- * ALLOW_UNVERIFIED_DOMAINS=false the From domain must be a VERIFIED domain of the
- * organization; adding a domain proves nothing until its DNS records are checked, so
- * without this a tenant could add `paypal.com` and send as `service@paypal.com`.
+ * The sending policy (docs/security.md "The sending policy"): the one check every path that sends
+ * mail on behalf of an organization runs before it accepts the message — `POST /emails`, the batch,
+ * a campaign's send (when scheduled and again when its fan-out starts), a campaign's test send, the
+ * double opt-in confirmation, and SMTP submission. With ALLOW_UNVERIFIED_DOMAINS=false the From
+ * domain must be a VERIFIED domain of the organization; adding a domain proves nothing until its
+ * DNS records are checked, so without this a tenant could add `paypal.com` and send as
+ * `service@paypal.com`.
  */
 
 export type PolicyConfig = Pick<Config, 'allowUnverifiedDomains'>;

@@ -13,8 +13,8 @@ export const PENDING_LIMIT_MS = 72 * HOUR;
 export const VERIFIED_RECHECK_MS = 24 * HOUR;
 
 /**
- * Spec 3.4 ("transitions: not shown"), decided here: every allowed change of a domain's
- * status, and what causes it. `canTransition` is the one check.
+ * Decided here (the API leaves it open; docs/domains.md "Verification"): every allowed change of a
+ * domain's status, and what causes it. `canTransition` is the one check.
  */
 export const DOMAIN_TRANSITIONS: Readonly<Record<DomainStatus, readonly DomainStatus[]>> = {
   NOT_STARTED: ['PENDING'], // POST /verify
@@ -109,7 +109,7 @@ export async function checkRecords(dns: DnsLookup, records: DomainDnsRecord[]): 
 }
 
 /**
- * Applies one round of lookups to the domain (the state table of spec 3.4):
+ * Applies one round of lookups to the domain (the state table of docs/domains.md "Verification"):
  * PENDING -> VERIFIED when DKIM and SPF are found; PENDING -> FAILED 72 hours after the
  * request; VERIFIED -> PENDING when a required record disappears. A temporary DNS failure
  * changes no state and only reschedules.

@@ -153,12 +153,12 @@ export class DeliveryStore {
 }
 
 /**
- * Hands one email to the provider at most once (contract 15). The row is claimed with a
- * conditional update (queued -> sending) before anything is sent, so a retry or a second
- * worker that finds it sent or failed sends nothing. A run that finds it `sending` (the
- * job's earlier run lost its lock: its worker died) asks the hand-over fence (handover.ts):
- * never committed -> taken over and sent; accepted -> only recorded; `dot` (the final `.`
- * may have reached the provider) -> left alone, never sent twice.
+ * Hands one email to the provider at most once (docs/emails.md "Delivery, retries, exactly once").
+ * The row is claimed with a conditional update (queued -> sending) before anything is sent, so a
+ * retry or a second worker that finds it sent or failed sends nothing. A run that finds it
+ * `sending` (the job's earlier run lost its lock: its worker died) asks the hand-over fence
+ * (handover.ts): never committed -> taken over and sent; accepted -> only recorded; `dot` (the
+ * final `.` may have reached the provider) -> left alone, never sent twice.
  *
  * - accepted: status sent (the file transport also marks it delivered), Message-ID, the
  *   rendered HTML and text stored;

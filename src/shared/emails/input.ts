@@ -4,7 +4,7 @@ import { hasLineBreak, parseMailbox } from './addresses.js';
 import { MAX_CONTENT_CHARS, tiptapProblem } from './render.js';
 
 /**
- * The send body of spec 4.14 and contract 9, shared by `POST /emails`, the batch and any
+ * The send body of docs/emails.md "Validation", shared by `POST /emails`, the batch and any
  * other feature that takes a message from a client. Every header-bound value is refused
  * when it carries CR or LF, so nothing can inject a header.
  */

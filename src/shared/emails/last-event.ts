@@ -11,7 +11,7 @@ export interface LastEventColumns {
 }
 
 /**
- * Spec 3.3, the one place `last_event` is derived: clicked > opened > the provider's
+ * The one place `last_event` is derived: clicked > opened > the provider's
  * delivery status (bounced, complained, delivered) > the send status (failed, sent,
  * queued). A row being handed over right now (`sending`) still reads `queued`.
  */

@@ -9,8 +9,8 @@ import type { ContentKind } from '../db/entities/email.js';
 import { escapeHtml } from '../html.js';
 
 /**
- * Server-side rendering of an email body (contract 9): markdown (GFM) or a tiptap document
- * to HTML, wrapped in an email-safe layout, CSS inlined, `preview` as a hidden preheader,
+ * Server-side rendering of an email body (docs/emails.md "Rendering"): markdown (GFM) or a tiptap
+ * document to HTML, wrapped in an email-safe layout, CSS inlined, `preview` as a hidden preheader,
  * and a plain-text part generated from the HTML when none was given. Runs in workers only.
  */
 

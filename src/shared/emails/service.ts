@@ -172,7 +172,7 @@ export function purgeIdempotencyKeys(em: EntityManager): Promise<number> {
   return deleteExpiredIdempotencyKeys(em);
 }
 
-/** One email of the organization, any source (spec 4.13). */
+/** One email of the organization, any source (docs/emails.md). */
 export async function getEmail(em: EntityManager, organizationId: string, id: string): Promise<Email> {
   const email = await em.findOne(Email, { id, organizationId });
   if (!email) throw new NotFoundError(`No email ${id}`);
@@ -191,7 +191,7 @@ export interface ListEmailsQuery {
   lastEvent?: LastEvent;
 }
 
-/** API sends of the organization, newest first, by id cursor (spec 4.12, contract 3). */
+/** API sends of the organization, newest first, by id cursor (docs/emails.md, docs/foundation.md "Identifiers, time and lists"). */
 export async function listEmails(em: EntityManager, organizationId: string, query: ListEmailsQuery): Promise<{ items: EmailListRow[]; hasMore: boolean }> {
   const limit = query.limit ?? 20;
   if (query.after !== undefined && query.before !== undefined) {

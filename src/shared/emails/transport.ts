@@ -59,8 +59,8 @@ export interface SendResult {
 }
 
 /**
- * Where a DKIM signer plugs in (contract 11): given the From domain and the organization,
- * the key to sign with, or undefined to send unsigned. The domains module provides it
+ * Where a DKIM signer plugs in (docs/domains.md "DKIM signing"): given the From domain and the
+ * organization, the key to sign with, or undefined to send unsigned. The domains module provides it
  * (src/shared/container.ts).
  */
 export type DkimResolver = (fromDomain: string, organizationId: string) => Promise<DKIM.SingleKeyOptions | undefined>;
@@ -108,9 +108,9 @@ function mailOptions(message: OutgoingMessage): SendMailOptions {
 }
 
 /**
- * Made once per worker process at start-up (STYLE 4). `file` writes RFC 5322 `.eml` files
- * (CRLF line ends) under MAIL_OUTBOX_DIR and reports them delivered; `smtp` hands them to
- * SMTP_URL over pooled connections.
+ * Made once per worker process at start-up (docs/architecture.md "Processes"). `file` writes RFC
+ * 5322 `.eml` files (CRLF line ends) under MAIL_OUTBOX_DIR and reports them delivered; `smtp` hands
+ * them to SMTP_URL over pooled connections.
  */
 export function createMailTransport(config: Config['mail'], options: MailTransportOptions = {}): MailTransport {
   let dkim = options.dkim;

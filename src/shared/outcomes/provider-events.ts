@@ -18,7 +18,7 @@ import {
   type NewDeliveryEvent,
 } from './queries.js';
 
-/** Contract 11: the body of `POST /webhooks/provider`. */
+/** docs/outcomes.md "Provider webhook": the body of `POST /webhooks/provider`. */
 export const ProviderEventBody = z.strictObject({
   type: z.enum(['delivered', 'bounced', 'complained']),
   messageId: z
@@ -44,9 +44,10 @@ const rank = (status: string | null | undefined) => (status ? (RANK[status] ?? 0
 export type ProviderOutcome = 'delivered' | 'bounced' | 'complained' | 'delivery_delayed';
 
 /**
- * One delivery event, whatever its source: contract 11's own webhook, a provider's webhook
- * (src/shared/providers) or a bounce report by mail. The email is found by the Message-ID
- * mailroom set or, where a relay replaced it, by the id the relay gave at hand-over.
+ * One delivery event, whatever its source: the generic webhook `POST /webhooks/provider`
+ * (docs/outcomes.md), a provider's webhook (src/shared/providers) or a bounce report by mail. The
+ * email is found by the Message-ID mailroom set or, where a relay replaced it, by the id the relay
+ * gave at hand-over.
  */
 export interface DeliveryFeedback {
   type: ProviderOutcome;
@@ -97,8 +98,9 @@ export function bareMessageId(value: string): string {
  * applied as if one after the other: `changed` says whether an item moved its email's
  * status, `fresh` whether its event row is new. A hard bounce or a complaint suppresses the
  * address in the email's organization, marks that organization's subscriber BOUNCED /
- * COMPLAINED and feeds the global verification history (contract 11, 13); a delay is an
- * event that moves no status. Undefined for an item whose email is not in `emails`.
+ * COMPLAINED and feeds the global verification history (docs/outcomes.md "Provider webhook",
+ * docs/verification.md "History"); a delay is an event that moves no status. Undefined for an item
+ * whose email is not in `emails`.
  */
 async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, FeedbackEmail>, items: readonly FeedbackItem[], now: Date): Promise<(FeedbackResult | undefined)[]> {
   const events: NewDeliveryEvent[] = [];
@@ -163,7 +165,7 @@ async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, Fee
 
   const inserted = await insertDeliveryEvents(tx, events, now);
   const fresh = (p: NonNullable<(typeof planned)[number]>) => firstOfKey.get(p.key) === p.i && inserted.has(p.key);
-  // Customer webhooks (contract 17) for the new events of the `to`, one statement a type.
+  // Customer webhooks (docs/webhooks.md) for the new events of the `to`, one statement a type.
   const hooks = new Map<ProviderOutcome, { emailId: string; extra?: Record<string, unknown> }[]>();
   for (const p of planned) {
     if (!p || !fresh(p) || items[p.i]!.copy) continue;
@@ -226,7 +228,7 @@ export async function applyDeliveryFeedback(
   return { emailId: outcome.result.emailId, changed: outcome.result.changed };
 }
 
-/** Contract 11's webhook: an event for a Message-ID no email has is 404. */
+/** The generic webhook `POST /webhooks/provider` (docs/outcomes.md "Provider webhook"): an event for a Message-ID no email has is 404. */
 export async function applyProviderEvent(
   em: EntityManager,
   event: ProviderEvent,

@@ -1,8 +1,8 @@
 import type { LinkSigner } from '../crypto.js';
 
 /**
- * Tracking tokens (contract 10), signed with SECRET_KEY through LinkSigner under a purpose
- * of their own, so an unsubscribe or confirmation token is never a tracking token.
+ * Tracking tokens (docs/outcomes.md "Tokens"), signed with SECRET_KEY through LinkSigner under a
+ * purpose of their own, so an unsubscribe or confirmation token is never a tracking token.
  *
  * - open:  the email id;
  * - click: `<email id> <link index> <url>`: the original URL travels inside the signed

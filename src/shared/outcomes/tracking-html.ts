@@ -25,7 +25,7 @@ const escapeAttribute = (value: string) => value.replace(/&/g, '&amp;').replace(
 
 /**
  * The HTML handed to the transport: the stored body (which stays without tracking,
- * contract 9) with its http(s) links rewritten to `/t/c/{token}` and a 1x1 pixel
+ * docs/emails.md "Rendering") with its http(s) links rewritten to `/t/c/{token}` and a 1x1 pixel
  * `/t/o/{token}.gif` before `</body>`.
  *
  * Only the `href` values change and the rest of the document is kept byte for byte (no

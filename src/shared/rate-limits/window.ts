@@ -101,7 +101,7 @@ export function organizationRateLimiter(services: { redis: Redis; config: Pick<C
   return new WindowRateLimiter(services, { scope: 'rlo', limit: services.config.rateLimitOrgPerSecond });
 }
 
-/** The per-token limiter (contract 5): RATE_LIMIT_PER_SECOND per token, shared by every API process. */
+/** The per-token limiter (docs/foundation.md "Authentication and rate limiting"): RATE_LIMIT_PER_SECOND per token, shared by every API process. */
 export function tokenRateLimiter(services: { redis: Redis; config: Pick<Config, 'redisPrefix' | 'rateLimitPerSecond'> }): WindowRateLimiter {
   return new WindowRateLimiter(services, { scope: 'rl', limit: services.config.rateLimitPerSecond });
 }

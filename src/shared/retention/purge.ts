@@ -3,8 +3,8 @@ import type { Config } from '../config.js';
 import { PURGE_TARGETS, purgeBatch, type PurgeTarget } from './queries.js';
 
 /**
- * Retention (contract 21): rows older than their retention are deleted by the hourly
- * `purge-expired` job (src/workers/maintenance.ts), a few thousand rows per statement.
+ * Retention (docs/operations.md "Retention"): rows older than their retention are deleted by the
+ * hourly `purge-expired` job (src/workers/maintenance.ts), a few thousand rows per statement.
  *
  * Why this does not delay sends:
  * - Each batch is one short statement in its own transaction; nothing is held between

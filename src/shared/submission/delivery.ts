@@ -3,7 +3,7 @@ import { parseMailbox } from '../emails/addresses.js';
 import type { SubmittedParts } from './queries.js';
 
 /**
- * How the send path hands over a submitted message (contract 19): to its envelope
+ * How the send path hands over a submitted message (docs/smtp.md): to its envelope
  * recipients (RCPT TO, less suppressed ones), with its own headers (less Bcc) and its
  * attachments byte for byte. From, Reply-To and Subject come from the email row; To, Cc
  * and the rest from the kept headers, so a Bcc recipient or an envelope-only recipient

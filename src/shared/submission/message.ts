@@ -46,8 +46,8 @@ const TAG_PART = /^[A-Za-z0-9_-]{1,256}$/;
 /**
  * Headers not delivered as submitted: the ones the delivery writes itself (From, Subject,
  * Reply-To from the email; To, Cc and Sender re-encoded from their decoded addresses;
- * Message-ID is the service's, contract 11), the MIME structure nodemailer rebuilds around
- * the parts, a signature the delivery would break, Bcc (never delivered), the envelope's
+ * Message-ID is the service's, docs/emails.md "Transports"), the MIME structure nodemailer rebuilds
+ * around the parts, a signature the delivery would break, Bcc (never delivered), the envelope's
  * Return-Path, and the service's own instructions (X-Mailroom-*).
  */
 const REPLACED_HEADERS = new Set([
@@ -195,8 +195,8 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   if (hasNul(subject) || hasNul(html) || hasNul(text)) throw replies.malformed('Message text contains NUL characters');
   const tags = tagsOf(mail);
 
-  // Contract 19's mapping. Without any To address (`To: undisclosed-recipients:;`), `to` is
-  // the first Cc address, or else the first envelope recipient.
+  // The mapping of docs/smtp.md "From a message to an email". Without any To address
+  // (`To: undisclosed-recipients:;`), `to` is the first Cc address, or else the first envelope recipient.
   const toList = mailboxes(mail.to);
   const ccList = mailboxes(mail.cc);
   const inHeaders = new Set([...toList, ...ccList].map((m) => m.address!.toLowerCase()));

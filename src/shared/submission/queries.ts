@@ -80,7 +80,7 @@ export interface AttachmentSummary {
   size: number;
 }
 
-/** The attachments of an email as `GET /api/v2/emails/{id}` lists them (contract 19); no content read. */
+/** The attachments of an email as `GET /api/v2/emails/{id}` lists them (docs/smtp.md "From a message to an email"); no content read. */
 export async function listAttachments(em: EntityManager, emailId: string): Promise<AttachmentSummary[]> {
   return withConnection(em, (sql) => sql.query<AttachmentSummary>('select filename, content_type, size from email_attachments where email_id = ? order by position', [emailId]));
 }

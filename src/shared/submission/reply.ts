@@ -1,7 +1,7 @@
 /**
  * A refusal of an SMTP command, with its reply code and RFC 3463 enhanced status code
- * (contract 19). smtp-server sends `responseCode` and `message` as the reply line, so the
- * enhanced code leads the message: `552 5.3.4 Message too big`.
+ * (docs/smtp.md "Authentication, limits and replies"). smtp-server sends `responseCode` and
+ * `message` as the reply line, so the enhanced code leads the message: `552 5.3.4 Message too big`.
  */
 export class SmtpReplyError extends Error {
   readonly responseCode: number;

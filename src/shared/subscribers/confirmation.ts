@@ -6,7 +6,7 @@ import { tagsOf } from './service.js';
 import { recordContactEvent } from '../webhooks/queries.js';
 
 /**
- * Double opt-in (spec 3.2, contract 6 and 10): a PENDING_CONFIRMATION subscriber gets an
+ * Double opt-in (docs/audience.md "Double opt-in"): a PENDING_CONFIRMATION subscriber gets an
  * email whose link `GET {PUBLIC_URL}/confirm/{token}` makes it SUBSCRIBED. The token signs
  * the subscriber id and its address, so a link never confirms an address changed since.
  */

@@ -17,8 +17,8 @@ export interface RevenueEventInput {
 }
 
 /**
- * Spec 4.17: records the event and moves the subscriber's revenue by the amount (a refund
- * subtracts it) in one statement, so concurrent events never lose an update.
+ * docs/audience.md "Events": records the event and moves the subscriber's revenue by the amount (a
+ * refund subtracts it) in one statement, so concurrent events never lose an update.
  */
 export async function recordRevenueEvent(
   em: EntityManager,

@@ -2,9 +2,9 @@ import countries from 'i18n-iso-countries';
 import { z } from 'zod';
 
 /**
- * Input rules of the audience module shared by the API and the CSV import (contract 6).
- * Bad input as a whole is refused (422); a single tag or field that cannot be applied is
- * skipped with a warning naming it, and the rest is written.
+ * Input rules of the audience module shared by the API and the CSV import
+ * (docs/audience.md "Writes"). Bad input as a whole is refused (422); a single tag or field that
+ * cannot be applied is skipped with a warning naming it, and the rest is written.
  */
 
 /** Trimmed, lower-cased, then checked: an organization has one subscriber per address. */
@@ -32,7 +32,7 @@ export const TAG_NAME_MAX = 100;
 export const FIELD_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
 export const FIELD_VALUE_MAX = 10_000;
 
-/** Tag name of the tag endpoints (spec 4.7): 1 to 100 characters after trimming. */
+/** Tag name of the tag endpoints (docs/audience.md): 1 to 100 characters after trimming. */
 export const TagName = z
   .string()
   .trim()

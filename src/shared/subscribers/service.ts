@@ -18,14 +18,14 @@ import { recordContactChange } from '../webhooks/queries.js';
  */
 const ASYNC_COMMIT = false;
 
-/** What the audience functions need, passed explicitly (STYLE 3). */
+/** What the audience functions need, passed explicitly (docs/architecture.md "Conventions"). */
 export interface AudienceDeps {
   em: EntityManager;
   producer: QueueProducer;
   clock: () => Date;
 }
 
-/** Body of create (spec 4.4) and patch (spec 4.6), already validated. */
+/** Body of create and patch (docs/audience.md "Writes"), already validated. */
 export interface SubscriberInput {
   email?: string;
   name?: string | null;
@@ -42,7 +42,7 @@ export interface SubscriberInput {
 
 export interface WriteResult {
   subscriber: SubscriberRecord;
-  /** Present only when some tag or field was not applied (contract 6). */
+  /** Present only when some tag or field was not applied (docs/audience.md "Writes"). */
   warnings: string[];
 }
 
@@ -58,7 +58,7 @@ function isUniqueViolation(error: unknown): boolean {
 
 // ---------------------------------------------------------------- lookups
 
-/** `:subscriber` of a path: an id or an address (contract 6). Optionally locks the row. */
+/** `:subscriber` of a path: an id or an address (docs/audience.md). Optionally locks the row. */
 export async function findSubscriberRow(em: Db, organizationId: string, ref: string, lock = false): Promise<SubscriberRow | null> {
   const byId = isId(ref, 'sub');
   return q.selectSubscriber(em, organizationId, byId ? 'id' : 'email', byId ? ref : normalizeEmail(ref), lock);
@@ -403,7 +403,7 @@ export interface ListSubscribersQuery {
   query?: string;
 }
 
-/** Newest first, keyset on the id (contract 6). */
+/** Newest first, keyset on the id (docs/audience.md "Lists"). */
 export async function listSubscribers(
   em: EntityManager,
   organizationId: string,

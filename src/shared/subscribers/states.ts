@@ -1,8 +1,9 @@
 import type { SubscriberStatus } from '../db/entities/index.js';
 
 /**
- * Subscriber status transitions of a create (upsert) or a patch, as one table (spec 3.2,
- * STYLE 9). Rows the spec leaves open are decided here and in docs/audience.md.
+ * Subscriber status transitions of a create (upsert) or a patch, as one table
+ * (docs/audience.md "Status transitions"). Rows the spec leaves open are decided here and in
+ * docs/audience.md.
  */
 export interface TransitionInput {
   /** null: the address is new to the organization. */

@@ -4,7 +4,7 @@ import { isId, newId } from '../ids.js';
 import * as q from './queries.js';
 import type { TagRef } from './rows.js';
 
-/** Tags of an organization (spec 2.4, 4.7; contract 7). Names are unique regardless of case. */
+/** Tags of an organization (docs/audience.md). Names are unique regardless of case. */
 
 function taken(name: string): ValidationError {
   return new ValidationError(`A tag named "${name}" already exists`, [{ path: 'name', message: 'is already taken' }]);

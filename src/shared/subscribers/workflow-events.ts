@@ -2,8 +2,8 @@ import { z } from 'zod';
 
 /**
  * The change events a subscriber write puts on the `workflows` queue when the caller passes
- * `triggerWorkflows: true` (spec 6.3, contract 6): one job per change, named after the event,
- * with the event id as job id. Automations will consume them; today the workflows worker
+ * `triggerWorkflows: true` (docs/audience.md "Workflows"): one job per change, named after the
+ * event, with the event id as job id. Automations will consume them; today the workflows worker
  * records each one on the subscriber's activity (subscriber_events).
  */
 export const WORKFLOW_EVENTS = [

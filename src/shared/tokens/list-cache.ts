@@ -5,7 +5,7 @@ import type { Services } from '../container.js';
 import { tokenChangesChannel } from './revoke.js';
 import { listTokens } from './service.js';
 
-/** What a token listing shows (spec 2.2): never the secret or its hash. */
+/** What a token listing shows (docs/foundation.md "Tokens and permissions"): never the secret or its hash. */
 export interface TokenSummaryRow {
   id: string;
   name: string;
@@ -25,12 +25,12 @@ const MAX_ORGANIZATIONS = 10_000;
  * An organization's token list, kept in process between writes (an LRU with a TTL, lru-cache).
  *
  * Tokens are added by the create route and deleted by the revoke route or the operator CLI
- * (contract 16). A change drops the entry of its own process and publishes the organization id on
- * a Redis channel that every API process subscribes to, so another process drops its
- * entry within the time a Redis message takes. The cache is only used while this
- * process's subscription is up: with the subscriber disconnected a message could be
- * missed, so every listing then reads PostgreSQL, and the entries are dropped. A listing
- * that began before a change was announced never stores its (possibly older) result.
+ * (docs/foundation.md "Authentication and rate limiting"). A change drops the entry of its own
+ * process and publishes the organization id on a Redis channel that every API process subscribes
+ * to, so another process drops its entry within the time a Redis message takes. The cache is only
+ * used while this process's subscription is up: with the subscriber disconnected a message could be
+ * missed, so every listing then reads PostgreSQL, and the entries are dropped. A listing that began
+ * before a change was announced never stores its (possibly older) result.
  */
 export class TokenListCache {
   private readonly entries = new LRUCache<string, TokenSummaryRow[]>({ max: MAX_ORGANIZATIONS, ttl: TTL_MS });

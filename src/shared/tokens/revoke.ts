@@ -29,10 +29,10 @@ export async function announceTokenChange(
 }
 
 /**
- * Deletes a token (contract 16). `organizationId` scopes the lookup for API callers: another
- * organization's token is as unknown as a made-up id (404). The operator CLI passes null.
- * The row is deleted, not flagged: nothing refers to a token, and a deleted secret's hash
- * can never match again.
+ * Deletes a token (docs/foundation.md "Authentication and rate limiting"). `organizationId` scopes
+ * the lookup for API callers: another organization's token is as unknown as a made-up id (404). The
+ * operator CLI passes null. The row is deleted, not flagged: nothing refers to a token, and a
+ * deleted secret's hash can never match again.
  */
 export async function revokeToken(em: EntityManager, organizationId: string | null, tokenId: string): Promise<{ id: string; organizationId: string }> {
   const row = await deleteToken(em, organizationId, tokenId);

@@ -59,8 +59,8 @@ export function insertToken(
 }
 
 /**
- * Spec 4.1 and contract 5: mint a token, or return the existing one of that name. The
- * caller may only hand out scopes it holds, which also guards a reused token's secret.
+ * docs/foundation.md "Tokens and permissions": mint a token, or return the existing one of that
+ * name. The caller may only hand out scopes it holds, which also guards a reused token's secret.
  */
 export async function createToken(
   em: EntityManager,

@@ -6,7 +6,7 @@ import { newId } from '../ids.js';
 import { organizationExists } from '../organizations/queries.js';
 import { insertUser, selectUser, selectUserWithHash, selectUsersOf } from './queries.js';
 
-/** A person of an organization who signs in to the dashboard (contract 16 and 20). */
+/** A person of an organization who signs in to the dashboard (docs/dashboard.md "Getting in"). */
 export interface User {
   id: string;
   organizationId: string;

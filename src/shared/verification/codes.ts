@@ -1,8 +1,9 @@
 /**
- * Every issue code of spec 4.3 rule 8: severity (contract 13), retryable (rule 7, exactly
- * these four), the score it caps the result at when it is the primary error (rule 5), and
- * the score it takes away when it is a warning (rule 6). The order of this table is the
- * order of `issues`: errors before warnings, primary reason first.
+ * Every issue code of rule 8 of docs/verification.md: severity
+ * (docs/verification.md "Issue codes"), retryable (rule 7, exactly these four), the score it caps
+ * the result at when it is the primary error (rule 5), and the score it takes away when it is a
+ * warning (rule 6). The order of this table is the order of `issues`: errors before warnings,
+ * primary reason first.
  */
 export type IssueCode =
   | 'quota_exceeded'

@@ -3,10 +3,10 @@ import { upsertHistory } from './queries.js';
 import { parseAddress } from './syntax.js';
 
 /**
- * Trusted global history (contract 13): the service's own delivery outcomes per normalized
- * address, across every organization, in `verification_history`. Delivery outcomes
- * (webhooks, bounces, tracking) call these functions; the checks read the table.
- * Each call is one idempotent upsert: recording an outcome twice keeps the latest time.
+ * Trusted global history (docs/verification.md "History"): the service's own delivery outcomes per
+ * normalized address, across every organization, in `verification_history`. Delivery outcomes
+ * (webhooks, bounces, tracking) call these functions; the checks read the table. Each call is one
+ * idempotent upsert: recording an outcome twice keeps the latest time.
  */
 export type HistoryOutcome = 'hard_bounced_at' | 'complained_at' | 'mailbox_full_at' | 'mailbox_not_found_at' | 'proven_at';
 

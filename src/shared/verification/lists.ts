@@ -1,7 +1,7 @@
 import { disposableEmailBlocklistSet } from 'disposable-email-domains-js';
 
 /**
- * The local lists of spec 4.3 rule 1. The disposable list is the maintained
+ * The local lists of rule 1 of docs/verification.md. The disposable list is the maintained
  * disposable-email-domains list (npm `disposable-email-domains-js`, updated by upgrading the
  * package); the others are pinned here, and the operator adds blocked domains with
  * VERIFY_BLOCKED_DOMAINS. A domain matches a list when it or one of its parent domains is on it.

@@ -3,7 +3,7 @@ import { NotFoundError } from '../errors.js';
 import { selectQuota } from './queries.js';
 import { monthOf } from './verify.js';
 
-/** The organization's verification quota this UTC month, read without taking any (spec 4.3 rule 10). */
+/** The organization's verification quota this UTC month, read without taking any (rule 10 of docs/verification.md). */
 export async function readVerificationQuota(
   em: EntityManager,
   organizationId: string,

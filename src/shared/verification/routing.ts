@@ -4,7 +4,7 @@ import type { DnsLookup } from '../dns/types.js';
 import { isPinnedProvider } from './lists.js';
 
 /**
- * DNS mail routing of a domain (spec 4.3 rule 1) and its cache (rule 9).
+ * DNS mail routing of a domain (rule 1 of docs/verification.md) and its cache (rule 9).
  * - MX records → the lowest-preference exchanges that resolve to an address (A, then AAAA);
  * - no MX at all (NODATA) → the domain's own A/AAAA: the implicit MX of RFC 5321 5.1;
  * - a null MX (one record, preference 0, exchange ".", RFC 7505) → no mail destination;

@@ -1,7 +1,7 @@
 import { domainToASCII } from 'node:url';
 
 /**
- * Syntax of spec 4.3 rule 1, as a sending MTA sees an address (RFC 5321 / 5322 dot-atom):
+ * Syntax of rule 1 of docs/verification.md, as a sending MTA sees an address (RFC 5321 / 5322 dot-atom):
  * - local part 1..64 octets of atext and single dots; a quoted local part ("a b"@x) is
  *   refused: it is legal but almost never real, and many providers cannot send to it;
  * - the local part is ASCII (no SMTPUTF8 mailboxes); the domain may be an IDN, checked and
@@ -10,7 +10,7 @@ import { domainToASCII } from 'node:url';
  *   ending with a hyphen, at least two labels, a top-level label that is not all digits;
  *   address literals ([192.0.2.1]) are refused;
  * - the whole address at most 254 octets (the 256 of an RFC 5321 path less the brackets).
- * The address is lower-cased (contract 6): local parts are case-insensitive in practice.
+ * The address is lower-cased (docs/audience.md "Writes"): local parts are case-insensitive in practice.
  */
 export type ParsedAddress =
   | { ok: true; email: string; local: string; domain: string; unicodeDomain: string }

@@ -1,11 +1,11 @@
 import { isFreeProvider } from './lists.js';
 
 /**
- * Domain typo detection (spec 4.3 rule 1, `domain_typo`, -35). The library suggesters we
- * tried (mailcheck and its forks) suggest `me.com` for `acme.com`, so this is a small,
- * conservative matcher: a domain one edit (insert, delete, replace or swap of two
- * neighbours) away from a popular mailbox domain of at least 8 characters, or a popular
- * provider name with a mistyped `.com`. It never suggests for a domain that is itself on a list.
+ * Domain typo detection (rule 1 of docs/verification.md, `domain_typo`, -35). The library
+ * suggesters we tried (mailcheck and its forks) suggest `me.com` for `acme.com`, so this is a
+ * small, conservative matcher: a domain one edit (insert, delete, replace or swap of two
+ * neighbours) away from a popular mailbox domain of at least 8 characters, or a popular provider
+ * name with a mistyped `.com`. It never suggests for a domain that is itself on a list.
  */
 const POPULAR = [
   'gmail.com', 'googlemail.com', 'hotmail.com', 'outlook.com', 'yahoo.com', 'icloud.com', 'live.com',

@@ -23,7 +23,7 @@ import { parseAddress } from './syntax.js';
 import { suggestDomain } from './typos.js';
 
 /**
- * The verification of one address (spec 2.8, 3.5, 4.3; contract 13), shared by the API, the
+ * The verification of one address (docs/verification.md), shared by the API, the
  * CLI (through the API) and the tool catalog. Order: syntax and local lists (free), then the
  * quota (one atomic unit, read together with the history), then DNS routing (cached), then
  * the score. Nothing here throws for a property of the address: every problem is an issue.
@@ -71,7 +71,7 @@ export interface VerificationResult {
   cache_hit: boolean;
 }
 
-/** Spec 4.3 rule 5. */
+/** Rule 5 of docs/verification.md. */
 export const SCORE_CLEAN = 80;
 export const SCORE_PROVEN = 100;
 export const SCORE_DNS_UNKNOWN = 30;
@@ -207,10 +207,9 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
   issues.push(...local.issues);
   const domain = parsed.ok ? parsed.domain : '';
 
-  // Every call counts (contract 13), including invalid addresses.
-  // The history is read alongside, and ignored when the quota is exhausted (spec 3.5).
-  // Every call counts (contract 13), including invalid addresses. The history is read in
-  // the same statement, and ignored when the quota is exhausted (spec 3.5).
+  // Every call counts (docs/verification.md "Quota"), including invalid addresses. The history is
+  // read in the same statement, and ignored when the quota is exhausted
+  // (docs/verification.md "Quota").
   const { quota, history } = await deps.store.begin({
     organizationId: input.organizationId,
     month,
@@ -286,7 +285,8 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
     suggestion: local.suggestion,
     traits: local.traits,
     issues: ordered,
-    // A limit lowered below this month's use reports `used` at the limit (contract 13: used never exceeds limit).
+    // A limit lowered below this month's use reports `used` at the limit
+    // (docs/verification.md "Quota": used never exceeds limit).
     quota: { limit: quota.limit, used: Math.min(quota.used, quota.limit), remaining: Math.max(0, quota.limit - quota.used), resets_at: resetsAt.toISOString() },
     retry_at: retryAt ? retryAt.toISOString() : null,
     cache_hit: cacheHit,

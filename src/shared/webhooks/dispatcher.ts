@@ -9,10 +9,10 @@ import { webhookHeaders } from './signer.js';
 import { guardedLookup, hostOf, isPublicAddress } from './ssrf.js';
 
 /**
- * Contract 17: after a failed attempt the next comes about 5 s, 5 min, 30 min, 2 h, 5 h,
- * 10 h and 10 h later (the Standard Webhooks reference schedule); after the eighth attempt
- * the message is `failed`. Each delay gets ±10 % jitter, so that an endpoint back from an
- * outage is not hit by its whole backlog in the same second.
+ * docs/webhooks.md "Delivery and retries": after a failed attempt the next comes about 5 s, 5 min,
+ * 30 min, 2 h, 5 h, 10 h and 10 h later (the Standard Webhooks reference schedule); after the
+ * eighth attempt the message is `failed`. Each delay gets ±10 % jitter, so that an endpoint back
+ * from an outage is not hit by its whole backlog in the same second.
  */
 export const RETRY_SCHEDULE_MS = [5_000, 5 * 60_000, 30 * 60_000, 2 * 3_600_000, 5 * 3_600_000, 10 * 3_600_000, 10 * 3_600_000];
 export const MAX_ATTEMPTS = RETRY_SCHEDULE_MS.length + 1;
@@ -28,7 +28,7 @@ export function retryDelay(attemptsMade: number, random = Math.random): number |
 export interface WebhookClientOptions {
   dns: DnsLookup;
   allowPrivateUrls: boolean;
-  /** A 2xx within this long is success (contract 17: 10 s). */
+  /** A 2xx within this long is success (docs/webhooks.md "Delivery and retries": 10 s). */
   timeoutMs?: number;
   /** At most this much of an answer is read; the rest is discarded with the connection. */
   maxResponseBytes?: number;

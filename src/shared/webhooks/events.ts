@@ -1,4 +1,4 @@
-/** The event types an endpoint may subscribe to (contract 17), in the order of the docs. */
+/** The event types an endpoint may subscribe to (docs/webhooks.md "Event types"), in the order of the docs. */
 export const WEBHOOK_EVENT_TYPES = [
   'email.sent',
   'email.delivered',

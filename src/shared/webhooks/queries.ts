@@ -114,7 +114,8 @@ export async function deleteEndpoint(em: Db, organizationId: string, id: string)
 export async function listMessages(em: Db, endpointId: string, options: { limit: number; after?: string; before?: string }): Promise<MessageRow[]> {
   const columns = 'id, endpoint_id, type, status, attempts, last_status_code, last_error, next_attempt_at, created_at';
   if (options.before !== undefined) {
-    // The `limit` items just newer than the cursor, still newest first (contract 3).
+    // The `limit` items just newer than the cursor, still newest first
+    // (docs/foundation.md "Identifiers, time and lists").
     const rows = await em.execute<MessageRow[]>(
       `select ${columns} from webhook_messages where endpoint_id = ? and id > ? order by id asc limit ?`,
       [endpointId, options.before, options.limit],
@@ -246,10 +247,10 @@ export async function loadEndpointForDelivery(em: Db, endpointId: string): Promi
 // The outbox.
 
 /**
- * The transactional outbox (contract 17): every event is written as one `webhook_messages`
- * row per enabled endpoint of the organization subscribed to its type, by the statement of
- * the caller's transaction, so the event commits or rolls back with the change it reports.
- * A row per endpoint (not one per event) gives each endpoint its own delivery state and
+ * The transactional outbox (docs/webhooks.md "How it works"): every event is written as one
+ * `webhook_messages` row per enabled endpoint of the organization subscribed to its type, by the
+ * statement of the caller's transaction, so the event commits or rolls back with the change it
+ * reports. A row per endpoint (not one per event) gives each endpoint its own delivery state and
  * retries; its id is the `webhook-id` header. Nothing here talks to Redis: the dispatcher
  * (dispatcher.ts) finds the rows.
  *
@@ -269,7 +270,8 @@ export interface OutboxEvent {
 }
 
 // The body's `created_at` is the time of the change (the transaction's time), with
-// milliseconds in UTC as every timestamp of the API (contract 3).
+// milliseconds in UTC as every timestamp of the API
+// (docs/foundation.md "Identifiers, time and lists").
 const NOW_ISO = `to_char(now() at time zone 'utc', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`;
 const ISO = (column: string) => `to_char(${column} at time zone 'utc', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`;
 const SUBSCRIBED = (type: string) => `w.enabled and w.events && array[${type}, '*']::text[]`;
@@ -295,8 +297,8 @@ export interface EmailEventItem {
   extra?: Record<string, unknown>;
 }
 
-// The `data` of every email event (contract 17), built from the email's row by the same
-// statement that writes the outbox rows, so a batch of emails costs one statement.
+// The `data` of every email event (docs/webhooks.md "What is posted"), built from the email's row
+// by the same statement that writes the outbox rows, so a batch of emails costs one statement.
 const EMAIL_DATA = `jsonb_build_object(
     'email_id', e.id, 'message_id', e.message_id, 'from', e.from_address, 'to', jsonb_build_array(e.to_address),
     'subject', e.subject, 'tags', e.tags, 'created_at', ${ISO('e.created_at')})

@@ -19,7 +19,7 @@ import {
 import { newWebhookSecret } from './signer.js';
 import { hostOf, refusedHost } from './ssrf.js';
 
-/** What the webhook functions need, passed explicitly (STYLE 3). */
+/** What the webhook functions need, passed explicitly (docs/architecture.md "Conventions"). */
 export interface WebhookDeps {
   em: EntityManager;
   box: SecretBox;
@@ -66,9 +66,9 @@ function toWebhook(row: EndpointRow): Webhook {
 }
 
 /**
- * The URL rules of contract 17 beyond its syntax (checked by the route's schema): a host that
- * resolves to a loopback, private, link-local or unique-local address is refused unless
- * WEBHOOK_ALLOW_PRIVATE_URLS; it is checked again at every connection (ssrf.ts).
+ * The URL rules of docs/webhooks.md "Input rules" beyond its syntax (checked by the route's
+ * schema): a host that resolves to a loopback, private, link-local or unique-local address is
+ * refused unless WEBHOOK_ALLOW_PRIVATE_URLS; it is checked again at every connection (ssrf.ts).
  */
 async function checkUrl(deps: WebhookDeps, url: string): Promise<void> {
   if (deps.allowPrivateUrls) return;

@@ -1,8 +1,9 @@
 import { createHmac, randomBytes } from 'node:crypto';
 
 /**
- * Standard Webhooks signatures (https://www.standardwebhooks.com, contract 17): the secret
- * is `whsec_` + base64 of random bytes; `webhook-signature` is `v1,` + base64 of
+ * Standard Webhooks signatures (https://www.standardwebhooks.com,
+ * docs/webhooks.md "A receiver that verifies the signature"): the secret is `whsec_` + base64 of
+ * random bytes; `webhook-signature` is `v1,` + base64 of
  * HMAC-SHA256(`{webhook-id}.{webhook-timestamp}.{body}`) keyed with those bytes.
  */
 export const SECRET_PREFIX = 'whsec_';

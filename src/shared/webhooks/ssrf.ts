@@ -4,9 +4,9 @@ import ipaddr from 'ipaddr.js';
 import type { DnsLookup } from '../dns/types.js';
 
 /**
- * The SSRF guard of webhook URLs (contract 17). A customer's URL must not make the service
- * call itself or its neighbours: loopback, private (RFC 1918), link-local (which holds the
- * clouds' metadata address 169.254.169.254), unique-local, carrier-grade NAT, multicast,
+ * The SSRF guard of webhook URLs (docs/webhooks.md "Input rules"). A customer's URL must not make
+ * the service call itself or its neighbours: loopback, private (RFC 1918), link-local (which holds
+ * the clouds' metadata address 169.254.169.254), unique-local, carrier-grade NAT, multicast,
  * unspecified and reserved addresses are refused. ipaddr.js classifies addresses by the IANA
  * special-purpose registries; only what it calls plain `unicast` is public.
  *

@@ -9,7 +9,7 @@ export type RecipientFilter =
   | { type: 'tag'; op: 'has' | 'not_has'; value: string }
   | { type: 'field'; name: string; op: 'eq' | 'neq' | 'exists' | 'not_exists'; value?: string };
 
-/** A campaign (spec 2.5); its status moves only through `campaigns/state.ts`. */
+/** A campaign (docs/campaigns.md "API decisions"); its status moves only through `campaigns/state.ts`. */
 export class Campaign {
   id!: string;
   organizationId!: string;

@@ -1,7 +1,7 @@
 import { EntitySchema } from '@mikro-orm/core';
 
 export type EmailSource = 'api' | 'campaign' | 'test';
-/** Internal send status; `last_event` (spec 3.3) is derived from it and the tracking columns. */
+/** Internal send status; `last_event` (docs/outcomes.md "`last_event`") is derived from it and the tracking columns. */
 export type EmailStatus = 'queued' | 'sending' | 'sent' | 'failed';
 export type DeliveryStatus = 'delivered' | 'bounced' | 'complained';
 /**

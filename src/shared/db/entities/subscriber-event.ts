@@ -1,8 +1,9 @@
 import { EntitySchema } from '@mikro-orm/core';
 
 /**
- * Something that happened to a subscriber: a payment or refund (spec 2.9, `data.amount` in
- * cents) or workflow activity recorded by the workflows worker (`subscriber.tag_added`, ...).
+ * Something that happened to a subscriber: a payment or refund (docs/audience.md "Events",
+ * `data.amount` in cents) or workflow activity recorded by the workflows worker
+ * (`subscriber.tag_added`, ...).
  */
 export class SubscriberEvent {
   id!: string;

@@ -2,7 +2,7 @@ import { EntitySchema } from '@mikro-orm/core';
 
 export type SuppressionReason = 'hard_bounce' | 'complaint';
 
-/** An address of an organization that is never handed to the provider again (contract 9, 11). */
+/** An address of an organization that is never handed to the provider again (docs/outcomes.md "Suppression"). */
 export class Suppression {
   organizationId!: string;
   /** Trimmed and lower-cased. */

@@ -36,7 +36,7 @@ export class Migration20261123010000Emails extends Migration {
         created_at timestamptz(3) not null default now(),
         updated_at timestamptz(3) not null default now()
       )`);
-    // The API list (spec 4.12): one organization's API sends, newest first.
+    // The API list (docs/emails.md): one organization's API sends, newest first.
     this.addSql(`create index emails_api_list_idx on emails (organization_id, id) where source = 'api'`);
     // The reconciler's keyset scan: only rows not yet handed over are indexed, so it stays small.
     this.addSql(`create index emails_pending_idx on emails (id) where status in ('queued', 'sending')`);
@@ -44,7 +44,7 @@ export class Migration20261123010000Emails extends Migration {
     this.addSql(`create index emails_message_id_idx on emails (message_id) where message_id is not null`);
     this.addSql(`create index emails_campaign_idx on emails (campaign_id) where campaign_id is not null`);
 
-    // Idempotency-Key (contract 9): one row a key per organization, kept 24 h.
+    // Idempotency-Key (docs/emails.md "Idempotency-Key"): one row a key per organization, kept 24 h.
     this.addSql(`
       create table email_idempotency_keys (
         organization_id text not null references organizations (id) on delete cascade deferrable initially deferred,

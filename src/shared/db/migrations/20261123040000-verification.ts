@@ -2,7 +2,7 @@ import { Migration } from '@mikro-orm/migrations';
 
 export class Migration20261123040000Verification extends Migration {
   override async up(): Promise<void> {
-    // One row per verification call (spec 2.8), owned by the organization.
+    // One row per verification call (docs/verification.md), owned by the organization.
     this.addSql(`
       create table email_verifications (
         id text primary key,
@@ -20,7 +20,7 @@ export class Migration20261123040000Verification extends Migration {
         created_at timestamptz(3) not null
       )`);
     this.addSql('create index email_verifications_organization_idx on email_verifications (organization_id, id)');
-    // Spec 4.3 rule 10: one counter per organization per UTC month, consumed atomically.
+    // Rule 10 of docs/verification.md: one counter per organization per UTC month, consumed atomically.
     this.addSql(`
       create table verification_quotas (
         organization_id text not null references organizations (id) on delete cascade deferrable initially deferred,
@@ -28,8 +28,8 @@ export class Migration20261123040000Verification extends Migration {
         used integer not null,
         primary key (organization_id, month)
       )`);
-    // Trusted global history (contract 13): the service's own outcomes per normalized
-    // address, across every organization. Written by delivery outcomes, read by the checks.
+    // Trusted global history (docs/verification.md "History"): the service's own outcomes per
+    // normalized address, across every organization. Written by delivery outcomes, read by the checks.
     this.addSql(`
       create table verification_history (
         email text primary key,

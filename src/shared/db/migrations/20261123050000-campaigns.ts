@@ -31,8 +31,8 @@ export class Migration20261123050000Campaigns extends Migration {
       )`);
     this.addSql(`create index campaigns_org_idx on campaigns (organization_id, id desc)`);
     this.addSql(`create index campaigns_active_idx on campaigns (status) where status in ('SCHEDULED', 'SENDING')`);
-    // One email per (campaign, subscriber), never two (contract 8): the fan-out inserts with
-    // "on conflict do nothing", so a resumed or repeated page writes nothing twice.
+    // One email per (campaign, subscriber), never two (docs/campaigns.md "Fan-out"): the fan-out
+    // inserts with "on conflict do nothing", so a resumed or repeated page writes nothing twice.
     this.addSql(`create unique index emails_campaign_subscriber_uq on emails (campaign_id, subscriber_id) where source = 'campaign'`);
     // The completion check: "is any email of this campaign still waiting to be handed over?"
     this.addSql(`create index emails_campaign_pending_idx on emails (campaign_id) where source = 'campaign' and status in ('queued', 'sending')`);

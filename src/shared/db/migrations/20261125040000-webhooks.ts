@@ -1,7 +1,7 @@
 import { Migration } from '@mikro-orm/migrations';
 
 /**
- * Webhooks to the customer's endpoints (contract 17, docs/webhooks.md).
+ * Webhooks to the customer's endpoints (docs/webhooks.md).
  *
  * `webhook_endpoints`: one row per URL an organization registered; the signing secret is
  * stored sealed (AES-256-GCM under SECRET_KEY), never in clear.
@@ -56,8 +56,8 @@ export class Migration20261125040000Webhooks extends Migration {
     this.addSql(`create index webhook_messages_created_idx on webhook_messages (created_at)`);
 
     // Message ids made by the statement that writes the outbox rows (one per endpoint), in
-    // the shape of every other id (contract 3): 'msg_' + a lower-case ULID (48-bit time in
-    // milliseconds, 80 random bits, Crockford base32).
+    // the shape of every other id (docs/foundation.md "Identifiers, time and lists"): 'msg_' + a
+    // lower-case ULID (48-bit time in milliseconds, 80 random bits, Crockford base32).
     this.addSql(`
       create function webhook_message_id() returns text language plpgsql volatile as $$
       declare

@@ -1,7 +1,7 @@
 import { Migration } from '@mikro-orm/migrations';
 
 /**
- * Messages submitted over SMTP (contract 19, docs/smtp.md). The email row (content kind
+ * Messages submitted over SMTP (docs/smtp.md). The email row (content kind
  * `message`) holds what the API shows: from, to, cc, bcc, subject, html (`content`, empty
  * when the message has no HTML part) and text. What only the delivery needs lives beside it:
  * the SMTP envelope and the headers kept as submitted (`email_submissions`), and the
