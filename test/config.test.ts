@@ -95,6 +95,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       WEBHOOK_ALLOW_PRIVATE_URLS: 'true',
       EMAIL_RETENTION_DAYS: '90',
       SYSTEM_FROM: 'robot@mail.example.com',
+      SMTP_MAX_CONNECTIONS: '8',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -106,7 +107,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       publicUrl: 'https://mail.example.com',
       secretKey: 'k'.repeat(32),
       usingDevelopmentSecret: false,
-      mail: { transport: 'smtp', outboxDir: '/var/outbox', smtpUrl: 'smtp://user:pass@relay:587', ratePerSecond: 14 },
+      mail: { transport: 'smtp', outboxDir: '/var/outbox', smtpUrl: 'smtp://user:pass@relay:587', ratePerSecond: 14, maxConnections: 8 },
       dnsServers: ['1.1.1.1', '127.0.0.1:5353', '[::1]:53'],
       verifyMonthlyQuota: 0,
       campaignFanoutPage: 500,
