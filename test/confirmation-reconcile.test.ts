@@ -1,10 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QueueProducer } from '../src/shared/queues/producer.js';
-import { createRedis, waitForRedis } from '../src/shared/redis.js';
 import { createSubscriber } from '../src/shared/subscribers/service.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
-import { subscribersProcessor } from '../src/workers/subscribers.js';
-import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import type { TestContext } from './helpers/context.js';
+import { doubleOptInContext } from './helpers/double-opt-in.js';
 
 /**
  * Issue 16 item 5: the confirmation email of double opt-in survives a Redis failure after
@@ -13,20 +11,13 @@ import { createOrg, createTestContext, type TestContext } from './helpers/contex
 
 let ctx: TestContext;
 let organizationId: string;
-let workers: RunningWorkers;
-let connection: ReturnType<typeof createRedis>;
+let close: (() => Promise<void>) | undefined;
 
 beforeAll(async () => {
-  ctx = await createTestContext({ PUBLIC_URL: 'https://mail.example.test' });
-  await waitForRedis(ctx.services.redis);
-  ({ organizationId } = await createOrg(ctx.services, { name: 'Acme News', doubleOptIn: true }));
-  connection = createRedis(ctx.services.config.redisUrl, 'worker');
-  workers = await startWorkers(ctx.services, connection, [subscribersProcessor]);
+  ({ ctx, organizationId, close } = await doubleOptInContext());
 });
 afterAll(async () => {
-  await workers?.close();
-  connection?.disconnect();
-  await ctx?.close();
+  await close?.();
 });
 
 /** The service's producer, except that every enqueue fails as with Redis down. */

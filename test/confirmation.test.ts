@@ -1,27 +1,19 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRedis, waitForRedis } from '../src/shared/redis.js';
+import { createRedis } from '../src/shared/redis.js';
+import { startWorkers } from '../src/workers/runner.js';
 import { buildConfirmationEmail, confirmationToken } from '../src/shared/subscribers/confirmation.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
-import { subscribersProcessor } from '../src/workers/subscribers.js';
-import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { bearer, type TestContext } from './helpers/context.js';
+import { doubleOptInContext } from './helpers/double-opt-in.js';
 
 let ctx: TestContext;
 let token: string;
-let workers: RunningWorkers;
-let connection: ReturnType<typeof createRedis>;
+let close: (() => Promise<void>) | undefined;
 
 beforeAll(async () => {
-  ctx = await createTestContext({ PUBLIC_URL: 'https://mail.example.test' });
-  // The producer connection fails fast until it is ready (no offline queue): wait for it.
-  await waitForRedis(ctx.services.redis);
-  ({ token } = await createOrg(ctx.services, { name: 'Acme News', doubleOptIn: true }));
-  connection = createRedis(ctx.services.config.redisUrl, 'worker');
-  workers = await startWorkers(ctx.services, connection, [subscribersProcessor]);
+  ({ ctx, token, close } = await doubleOptInContext());
 });
 afterAll(async () => {
-  await workers?.close();
-  connection?.disconnect();
-  await ctx?.close();
+  await close?.();
 });
 
 function api(method: 'GET' | 'POST' | 'PATCH', url: string, body?: unknown) {

@@ -1,9 +1,4 @@
-import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { mkdtemp } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { promisify } from 'node:util';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, type InboundServer } from '../src/inbound/server.js';
@@ -12,6 +7,7 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { inboundProcessor } from '../src/workers/inbound.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { selfSignedCertificate } from './helpers/tls.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
@@ -31,19 +27,14 @@ let other: { organizationId: string; token: string };
 
 beforeAll(async () => {
   sink = await startSmtpSink();
-  // A self-signed certificate, as test/smtp.test.ts makes one: the listener offers STARTTLS.
-  const dir = await mkdtemp(join(tmpdir(), 'mailroom-inbound-tls-'));
-  await promisify(execFile)('openssl', [
-    'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=localhost',
-    '-keyout', join(dir, 'key.pem'), '-out', join(dir, 'cert.pem'),
-  ]);
+  const tls = await selfSignedCertificate('inbound-tls');
   ctx = await createTestContext({
     MAIL_TRANSPORT: 'smtp',
     SMTP_URL: sink.url,
     BOUNCE_DOMAIN,
     INBOUND_MAX_MESSAGE_BYTES: String(2 * 1024 * 1024),
-    INBOUND_TLS_KEY: join(dir, 'key.pem'),
-    INBOUND_TLS_CERT: join(dir, 'cert.pem'),
+    INBOUND_TLS_KEY: tls.keyFile,
+    INBOUND_TLS_CERT: tls.certFile,
   });
   acme = await createOrg(ctx.services, { name: 'Acme' });
   other = await createOrg(ctx.services, { name: 'Other' });

@@ -15,6 +15,7 @@ import { readSubmittedMessage } from '../src/shared/submission/message.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { selfSignedCertificate } from './helpers/tls.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { runService } from './helpers/process.js';
 import { openDialog } from './helpers/smtp-dialog.js';
@@ -372,18 +373,14 @@ describe('limits that need their own settings', () => {
   let otherToken: string;
 
   beforeAll(async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'mailroom-smtp-tls-'));
-    await promisify(execFile)('openssl', [
-      'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=localhost',
-      '-keyout', join(dir, 'key.pem'), '-out', join(dir, 'cert.pem'),
-    ]);
+    const tls = await selfSignedCertificate('smtp-tls');
     other = await createTestContext({
       NODE_ENV: 'production',
       RATE_LIMIT_PER_SECOND: '2',
       SMTP_SUBMISSION_PORT: '0',
       SMTP_SUBMISSION_TLS_PORT: '0',
-      SMTP_TLS_CERT_FILE: join(dir, 'cert.pem'),
-      SMTP_TLS_KEY_FILE: join(dir, 'key.pem'),
+      SMTP_TLS_CERT_FILE: tls.certFile,
+      SMTP_TLS_KEY_FILE: tls.keyFile,
       ALLOW_UNVERIFIED_DOMAINS: 'true',
     });
     ({ token: otherToken } = await createOrg(other.services));

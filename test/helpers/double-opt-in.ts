@@ -1,0 +1,27 @@
+import { createRedis, waitForRedis } from '../../src/shared/redis.js';
+import { startWorkers } from '../../src/workers/runner.js';
+import { subscribersProcessor } from '../../src/workers/subscribers.js';
+import { createOrg, createTestContext, type TestContext } from './context.js';
+
+/**
+ * A test service with an organization that uses double opt-in and the subscribers worker
+ * running (it sends the confirmation emails); `close` stops all of it.
+ */
+export async function doubleOptInContext(): Promise<{ ctx: TestContext; token: string; organizationId: string; close: () => Promise<void> }> {
+  const ctx = await createTestContext({ PUBLIC_URL: 'https://mail.example.test' });
+  // The producer connection fails fast until it is ready (no offline queue): wait for it.
+  await waitForRedis(ctx.services.redis);
+  const { token, organizationId } = await createOrg(ctx.services, { name: 'Acme News', doubleOptIn: true });
+  const connection = createRedis(ctx.services.config.redisUrl, 'worker');
+  const workers = await startWorkers(ctx.services, connection, [subscribersProcessor]);
+  return {
+    ctx,
+    token,
+    organizationId,
+    async close() {
+      await workers.close();
+      connection.disconnect();
+      await ctx.close();
+    },
+  };
+}
