@@ -93,14 +93,17 @@ export async function createEmails(
   em: EntityManager,
   deps: CreateEmailsDeps,
   inputs: NewEmail[],
-  options: {
-    idempotency?: Idempotency;
-    /** Rows that belong to the emails (e.g. attachments), written in the same transaction. */
-    alongside?: (sql: Sql, ids: string[]) => Promise<void>;
-  } = {},
+  // One or the other: the keyed write (acceptRequests) has no place for rows of its own.
+  options:
+    | { idempotency?: Idempotency; alongside?: never }
+    | {
+        idempotency?: never;
+        /** Rows that belong to the emails (e.g. attachments), written in the same transaction. */
+        alongside: (sql: Sql, ids: string[]) => Promise<void>;
+      } = {},
 ): Promise<CreatedEmails> {
   if (inputs.length === 0) return { ids: [], replayed: false };
-  if (options.alongside && !options.idempotency) {
+  if (options.alongside) {
     // Rows that belong to the emails go in the same transaction; enqueued after the commit.
     const alongside = options.alongside;
     const ids = await inTransaction(em, async (sql) => {
