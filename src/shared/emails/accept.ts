@@ -128,45 +128,34 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
     }
     return own;
   });
-  const keyed = requests.map((r, i) => ({ r, i })).filter(({ r }) => r.idempotency);
+  // Each keyed request with its key scoped to its organization (keys are per organization).
+  const keyed = requests.flatMap((r, i) => (r.idempotency ? [{ i, idempotency: r.idempotency, organizationId: r.emails[0]!.organizationId, scoped: scope(r.emails[0]!.organizationId, r.idempotency.key) }] : []));
   if (keyed.length === 0) {
     await insertEmailRows(em, inputs, ids);
     return requestIds.map((own) => ({ ok: { ids: own, replayed: false } }));
   }
 
   // Key rows in a fixed order, so two statements claiming the same keys cannot deadlock.
-  keyed.sort((a, b) => {
-    const x = scope(a.r.emails[0]!.organizationId, a.r.idempotency!.key);
-    const y = scope(b.r.emails[0]!.organizationId, b.r.idempotency!.key);
-    return x < y ? -1 : x > y ? 1 : 0;
-  });
+  keyed.sort((a, b) => (a.scoped < b.scoped ? -1 : a.scoped > b.scoped ? 1 : 0));
   // lock_timeout bounds the wait on a key that another request holds.
-  const lockTimeoutMs = Math.max(...keyed.map(({ r }) => r.idempotency!.waitMs ?? IDEMPOTENCY_WAIT_MS));
-  const { claimed, earlier: rows } = await insertKeyedEmails(
-    em,
-    {
-      keys: keyed.map(({ r, i }) => ({ organizationId: r.emails[0]!.organizationId, key: r.idempotency!.key, requestHash: r.idempotency!.requestHash, emailIds: requestIds[i]! })),
-      emails: inputs,
-      ids,
-      rowKeys,
-      lockTimeoutMs,
-    },
-    (claimed) => {
-      const won = new Set(claimed.map((c) => scope(c.organization_id, c.idempotency_key)));
-      return keyed.filter(({ r }) => !won.has(scope(r.emails[0]!.organizationId, r.idempotency!.key))).map(({ r }) => ({ organizationId: r.emails[0]!.organizationId, key: r.idempotency!.key }));
-    },
-  );
+  const lockTimeoutMs = Math.max(...keyed.map((k) => k.idempotency.waitMs ?? IDEMPOTENCY_WAIT_MS));
+  const { claimed, earlier: rows } = await insertKeyedEmails(em, {
+    keys: keyed.map((k) => ({ organizationId: k.organizationId, key: k.idempotency.key, requestHash: k.idempotency.requestHash, emailIds: requestIds[k.i]! })),
+    emails: inputs,
+    ids,
+    rowKeys,
+    lockTimeoutMs,
+  });
   const won = new Set(claimed.map((c) => scope(c.organization_id, c.idempotency_key)));
   const earlier = new Map(rows.map((row) => [scope(row.organization_id, row.idempotency_key), row]));
-  return requests.map((r, i): AcceptResult => {
-    if (!r.idempotency) return { ok: { ids: requestIds[i]!, replayed: false } };
-    const key = scope(r.emails[0]!.organizationId, r.idempotency.key);
-    if (won.has(key)) return { ok: { ids: requestIds[i]!, replayed: false } };
-    const row = earlier.get(key);
-    if (!row) return { error: new ConflictError('idempotency_conflict', 'The Idempotency-Key changed state during the request; retry') };
-    if (row.request_hash !== r.idempotency.requestHash) {
-      return { error: new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body') };
-    }
-    return { ok: { ids: row.email_ids, replayed: true } };
-  });
+  const results = requestIds.map((own): AcceptResult => ({ ok: { ids: own, replayed: false } }));
+  for (const { i, idempotency, scoped } of keyed) {
+    if (won.has(scoped)) continue;
+    const row = earlier.get(scoped);
+    if (!row) results[i] = { error: new ConflictError('idempotency_conflict', 'The Idempotency-Key changed state during the request; retry') };
+    else if (row.request_hash !== idempotency.requestHash) {
+      results[i] = { error: new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body') };
+    } else results[i] = { ok: { ids: row.email_ids, replayed: true } };
+  }
+  return results;
 }

@@ -135,12 +135,11 @@ export interface EarlierKey {
 /**
  * Keyed requests: in one transaction (waiting at most `lockTimeoutMs` on a key another
  * request holds: error 55P03), the key rows and the emails whose key was claimed go in as one
- * statement; then `earlier` are read for the keys it did not claim, as `lost` picks them.
+ * statement; then `earlier` are read for the keys it did not claim.
  */
 export async function insertKeyedEmails(
   em: EntityManager,
   input: { keys: readonly KeyRow[]; emails: readonly NewEmail[]; ids: readonly string[]; rowKeys: readonly (string | null)[]; lockTimeoutMs: number },
-  lost: (claimed: { organization_id: string; idempotency_key: string }[]) => { organizationId: string; key: string }[],
 ): Promise<{ claimed: { organization_id: string; idempotency_key: string }[]; earlier: EarlierKey[] }> {
   return inTransaction(
     em,
@@ -157,7 +156,8 @@ export async function insertKeyedEmails(
         ],
         'mailroom_emails_insert_keyed',
       );
-      const missing = lost(claimed);
+      const won = new Set(claimed.map((c) => `${c.organization_id}\n${c.idempotency_key}`));
+      const missing = input.keys.filter((k) => !won.has(`${k.organizationId}\n${k.key}`));
       const earlier = missing.length === 0 ? [] : await sql.query<EarlierKey>(EARLIER_SQL, [missing.map((m) => m.organizationId), missing.map((m) => m.key)]);
       return { claimed, earlier };
     },
