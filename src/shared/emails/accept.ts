@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { ConflictError } from '../errors.js';
 import { newId } from '../ids.js';
 import type { Sql } from '../db/sql.js';
-import { IDEMPOTENCY_TTL_HOURS, insertEmailRows, insertKeyedEmails } from './queries.js';
+import { insertEmailRows, insertKeyedEmails } from './queries.js';
 import type { NewEmail } from './input.js';
 
 /**
@@ -45,8 +45,7 @@ export interface CreatedEmails {
 export type AcceptResult = { ok: CreatedEmails } | { error: unknown };
 
 // How long a request waits for an earlier one with the same key to finish before 409.
-export const IDEMPOTENCY_WAIT_MS = 5_000;
-export { IDEMPOTENCY_TTL_HOURS };
+const IDEMPOTENCY_WAIT_MS = 5_000;
 
 /**
  * Inserts the rows (status queued) in ONE statement and returns their ids, in order. With

@@ -41,7 +41,6 @@ export function sendJob(emailId: string) {
 
 export { insertEmails } from './accept.js';
 export type { CreatedEmails, Idempotency } from './accept.js';
-export { IDEMPOTENCY_TTL_HOURS } from './accept.js';
 
 /**
  * Enqueues one send job per email (jobId = email id, so a repeat is a no-op). With
