@@ -1,5 +1,6 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { acceptRequests } from '../src/shared/emails/accept.js';
 import { EmailWriter, requestHash } from '../src/shared/emails/service.js';
 import type { NewEmail } from '../src/shared/emails/input.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
@@ -119,6 +120,37 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     const retried = await writer.write(input, { key: 'held', requestHash: hash, waitMs: 200 });
     expect(retried.replayed).toBe(false);
     expect((await rowsTo(to)).map((r) => r.id)).toContain(retried.ids[0]);
+  });
+
+  it('keeps keys per organization within one group: the same key in two organizations writes both', async () => {
+    // Spec: Idempotency-Key is per organization. The group commit scopes each key by its
+    // organization; scoping by the key alone would replay (or 409) the other organization's request.
+    const other = await createOrg(ctx.services, { name: 'Other accept' });
+    const writer = new EmailWriter(ctx.services.orm, { producer: ctx.services.producer });
+    const to = 'twoorgs@example.com';
+    const input: NewEmail = { organizationId, from: base.from, to, subject: 'mine', contentKind: 'html', content: base.html };
+    const hash = requestHash('POST /emails', { ...base, to });
+    // Both requests in ONE statement (what the writer does with requests arriving together).
+    const written = await acceptRequests(ctx.services.orm.em.fork(), [
+      { emails: [input], idempotency: { key: 'same-key', requestHash: hash } },
+      { emails: [{ ...input, organizationId: other.organizationId, subject: 'theirs' }], idempotency: { key: 'same-key', requestHash: hash } },
+    ]);
+    const [mine, theirs] = written.map((r) => ('ok' in r ? r.ok : expect.fail(String(r.error))));
+    expect(mine.replayed).toBe(false);
+    expect(theirs.replayed).toBe(false);
+    expect(mine.ids[0]).not.toBe(theirs.ids[0]);
+    const rows = await rowsTo(to);
+    expect(new Map(rows.map((r) => [r.id, r.subject]))).toEqual(new Map([[mine.ids[0], 'mine'], [theirs.ids[0], 'theirs']]));
+    // A repeat in either organization replays that organization's own email.
+    const again = await Promise.all([
+      writer.write(input, { key: 'same-key', requestHash: hash }),
+      writer.write({ ...input, organizationId: other.organizationId, subject: 'theirs' }, { key: 'same-key', requestHash: hash }),
+    ]);
+    expect(again).toEqual([
+      { ids: mine.ids, replayed: true },
+      { ids: theirs.ids, replayed: true },
+    ]);
+    expect(await rowsTo(to)).toHaveLength(2);
   });
 
   it('writes nothing for a batch whose key was used, and replays its ids in order', async () => {
