@@ -1,6 +1,6 @@
 import { DelayedError } from 'bullmq';
 import { deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
-import { purgeIdempotencyKeys, queueForSource, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
+import { emailIdsByQueue, purgeIdempotencyKeys, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
 export interface EmailProcessorOptions {
@@ -193,12 +193,7 @@ async function oldestUnexpandedBatch(ctx: JobContext): Promise<Date | undefined>
 /** Enqueues the emails whose job is gone; a job that finished while its row is still queued is replaced. */
 async function requeueMissing(ctx: JobContext, rows: { id: string; source: 'api' | 'campaign' | 'test' }[]): Promise<number> {
   let requeued = 0;
-  const byQueue = new Map<EmailQueueName, string[]>();
-  for (const row of rows) {
-    const q = queueForSource(row.source);
-    byQueue.set(q, [...(byQueue.get(q) ?? []), row.id]);
-  }
-  for (const [name, ids] of byQueue) {
+  for (const [name, ids] of emailIdsByQueue(rows)) {
     const queue = ctx.services.producer.queue(name);
     // BullMQ's public Queue.getJob (one HGETALL each, sent together on the connection): about
     // as cheap as reading the `finishedOn` field of the job hashes directly (30 ms against

@@ -21,6 +21,18 @@ export function queueForSource(source: EmailSource): EmailQueueName {
   return source === 'campaign' ? 'campaign-emails' : 'emails';
 }
 
+/** The ids of the emails, grouped by the queue of their send jobs (in their order). */
+export function emailIdsByQueue(emails: readonly { id: string; source?: EmailSource }[]): Map<EmailQueueName, string[]> {
+  const byQueue = new Map<EmailQueueName, string[]>();
+  for (const e of emails) {
+    const queue = queueForSource(e.source ?? 'api');
+    const ids = byQueue.get(queue);
+    if (ids) ids.push(e.id);
+    else byQueue.set(queue, [e.id]);
+  }
+  return byQueue;
+}
+
 // Transient failures (4xx other than throttling, connection errors) are retried with
 // exponential backoff and jitter: 2 s, 4 s, 8 s ... about 17 min in all before the email is
 // failed. Throttling answers never count against these attempts (see docs/emails.md).
@@ -55,14 +67,7 @@ export async function enqueueEmailSends(
   logger?: Logger,
   options: { fanOut?: boolean } = {},
 ): Promise<void> {
-  const byQueue = new Map<EmailQueueName, string[]>();
-  for (const e of emails) {
-    const queue = queueForSource(e.source ?? 'api');
-    const ids = byQueue.get(queue);
-    if (ids) ids.push(e.id);
-    else byQueue.set(queue, [e.id]);
-  }
-  for (const [queue, ids] of byQueue) {
+  for (const [queue, ids] of emailIdsByQueue(emails)) {
     try {
       if (options.fanOut && ids.length > 1) {
         await producer.add(queue, { name: 'send-batch', data: { emailIds: ids }, jobId: `batch-${ids[0]}`, opts: { ...SEND_JOB_OPTIONS, priority: SEND_BATCH_PRIORITY } });
