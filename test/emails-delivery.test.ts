@@ -231,6 +231,34 @@ describe('reconciler', () => {
   });
 });
 
+describe('reconciler and send-batch jobs still to expand', () => {
+  it('does not enqueue again the emails of a waiting send-batch job, but still the older ones whose job is lost', async () => {
+    // No worker: the batch stays waiting (prioritized) and the reconcile handler is run here.
+    await workers?.close();
+    workers = undefined;
+    const lost = (await send({ from: 'a@acme.test', to: 'lost-before-batch@example.com', subject: 'lost', html: '<p>l</p>' })).json().id as string;
+    const queue = ctx.services.producer.queue('emails');
+    await queue.remove(lost);
+    const em = ctx.services.orm.em.fork();
+    // Older than the batch by more than the reconciler's clock slack (5 s).
+    await em.execute(`update emails set created_at = now() - interval '1 minute' where id = ?`, [lost]);
+    const batch = await ctx.app.inject({
+      method: 'POST',
+      url: '/api/v2/emails/batch',
+      headers: bearer(token),
+      payload: [1, 2, 3].map((i) => ({ from: 'a@acme.test', to: `waiting${i}@example.com`, subject: 'w', html: '<p>w</p>' })),
+    });
+    const batchIds = batch.json().data.map((d: { id: string }) => d.id as string);
+    expect((await queue.getJob(`batch-${batchIds[0]}`))?.name).toBe('send-batch');
+
+    const reconcile = emailSendProcessor('emails', { reconcileGraceMs: 0 }).handlers.reconcile;
+    const job = (await queue.getJob(`batch-${batchIds[0]}`))!;
+    await reconcile({}, { services: ctx.services, em, log: ctx.services.logger, job });
+    expect((await queue.getJob(lost))?.name).toBe('send');
+    for (const id of batchIds) expect(await queue.getJob(id)).toBeUndefined();
+  });
+});
+
 describe('MAIL_TRANSPORT=file', () => {
   it('writes an RFC 5322 .eml file and reads delivered', async () => {
     const fileCtx = await createTestContext({ MAIL_TRANSPORT: 'file' });
