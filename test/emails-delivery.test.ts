@@ -2,7 +2,8 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { simpleParser } from 'mailparser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DeliveryStore, deliverEmail } from '../src/shared/emails/deliver.js';
+import { DeliveryStore, deliverEmail, UNCERTAIN_REASON } from '../src/shared/emails/deliver.js';
+import type { MailTransport } from '../src/shared/emails/transport.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
@@ -256,6 +257,33 @@ describe('reconciler and send-batch jobs still to expand', () => {
     await reconcile({}, { services: ctx.services, em, log: ctx.services.logger, job });
     expect((await queue.getJob(lost))?.name).toBe('send');
     for (const id of batchIds) expect(await queue.getJob(id)).toBeUndefined();
+  });
+});
+
+describe('metrics of the send path', () => {
+  it("counts an email whose final dot got no answer as failed{reason=interrupted} (docs/operations.md)", async () => {
+    await workers?.close();
+    workers = undefined;
+    const id = (await send({ from: 'a@acme.test', to: 'no-answer@example.com', subject: 'n', html: '<p>n</p>' })).json().id as string;
+    const job = (await ctx.services.producer.queue('emails').getJob(id))!;
+    // A relay that drops the connection after the final `.`, before its answer.
+    const mailer: MailTransport = {
+      kind: 'smtp',
+      async send(message) {
+        await message.beforeCommit?.();
+        message.onCommit?.();
+        throw Object.assign(new Error('Connection closed unexpectedly'), { code: 'ECONNECTION' });
+      },
+      setDkimResolver() {},
+      close() {},
+    };
+    const failed = async (reason: string) => (await ctx.services.metrics.emailsFailed.get()).values.find((v) => v.labels.reason === reason)?.value ?? 0;
+    const before = { interrupted: await failed('interrupted'), rejected: await failed('rejected') };
+    const services = Object.create(ctx.services, { mailer: { value: mailer } }) as typeof ctx.services;
+    const result = await emailSendProcessor('emails').handlers.send({ emailId: id }, { services, em: ctx.services.orm.em.fork(), log: ctx.services.logger, job });
+    expect(result).toMatchObject({ outcome: 'failed', reason: expect.stringContaining(UNCERTAIN_REASON) });
+    expect(await failed('interrupted')).toBe(before.interrupted + 1);
+    expect(await failed('rejected')).toBe(before.rejected);
   });
 });
 

@@ -1,5 +1,5 @@
 import { DelayedError } from 'bullmq';
-import { deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON } from '../shared/emails/deliver.js';
+import { deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON, UNCERTAIN_REASON } from '../shared/emails/deliver.js';
 import { emailIdsByQueue, purgeIdempotencyKeys, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
@@ -81,7 +81,8 @@ function recordOutcome(ctx: JobContext, result: DeliverOutcome, finalAttempt: bo
 
 function failureCode(reason: string, finalAttempt: boolean): string {
   if (reason.startsWith('rendering failed')) return 'rendering';
-  if (reason.startsWith('connection lost after')) return 'interrupted';
+  // The final `.` went out and no answer came back (deliver.ts): docs/operations.md's `interrupted`.
+  if (reason.startsWith(UNCERTAIN_REASON)) return 'interrupted';
   return finalAttempt ? 'attempts_exhausted' : 'rejected';
 }
 
