@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { WEBHOOK_EVENT_TYPES } from '../../shared/webhooks/events.js';
+import { isWebhookEventType, WEBHOOK_EVENT_TYPES } from '../../shared/webhooks/events.js';
 import {
   createWebhook,
   deleteWebhook,
@@ -39,7 +39,7 @@ const Events = z
   .max(WEBHOOK_EVENT_TYPES.length + 1)
   .superRefine((events, ctx) => {
     events.forEach((type, index) => {
-      if (type !== '*' && !(WEBHOOK_EVENT_TYPES as readonly string[]).includes(type)) {
+      if (type !== '*' && !isWebhookEventType(type)) {
         ctx.addIssue({ code: 'custom', path: [index], message: `unknown event type "${type}"` });
       }
     });

@@ -15,7 +15,6 @@ import { guardedLookup, hostOf, isPublicAddress } from './ssrf.js';
  * from an outage is not hit by its whole backlog in the same second.
  */
 export const RETRY_SCHEDULE_MS = [5_000, 5 * 60_000, 30 * 60_000, 2 * 3_600_000, 5 * 3_600_000, 10 * 3_600_000, 10 * 3_600_000];
-export const MAX_ATTEMPTS = RETRY_SCHEDULE_MS.length + 1;
 /** An endpoint whose every delivery has failed this long is disabled. */
 export const DISABLE_AFTER_MS = 5 * 24 * 3_600_000;
 
