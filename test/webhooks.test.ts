@@ -154,6 +154,22 @@ describe('webhook endpoints API', () => {
     expect((await api('GET', '/webhooks', undefined, other.token)).json().data).toEqual([]);
     await api('DELETE', `/webhooks/${mine.id}`);
   });
+
+  it('answers 404 to a rotation or a patch of an endpoint that is not the caller’s, and changes nothing', async () => {
+    const mine = await createEndpoint('/ok', ['domain.verified']);
+    const other = await createOrg(ctx.services, { name: 'Other rotations' });
+    const [before] = await sql<{ secret_sealed: string; url: string; description: string | null }>('select secret_sealed, url, description from webhook_endpoints where id = ?', [mine.id]);
+    expect((await api('POST', `/webhooks/${mine.id}/secret`, undefined, other.token)).statusCode).toBe(404);
+    expect((await api('PATCH', `/webhooks/${mine.id}`, { url: `${receiver.url}/elsewhere` }, other.token)).statusCode).toBe(404);
+    expect((await api('PATCH', `/webhooks/${mine.id}`, { description: 'not mine' }, other.token)).statusCode).toBe(404);
+    for (const id of ['whk_nope', 'not-an-id']) {
+      expect((await api('POST', `/webhooks/${id}/secret`)).statusCode, id).toBe(404);
+      expect((await api('PATCH', `/webhooks/${id}`, { description: 'x' })).statusCode, id).toBe(404);
+    }
+    const [after] = await sql<{ secret_sealed: string; url: string; description: string | null }>('select secret_sealed, url, description from webhook_endpoints where id = ?', [mine.id]);
+    expect(after).toEqual(before);
+    await api('DELETE', `/webhooks/${mine.id}`);
+  });
 });
 
 describe('OpenAPI and tools', () => {

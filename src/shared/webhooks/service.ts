@@ -108,9 +108,12 @@ export async function listWebhooks(em: EntityManager, organizationId: string, qu
 }
 
 export async function patchWebhook(deps: WebhookDeps, organizationId: string, id: string, input: PatchWebhookInput): Promise<Webhook> {
-  await endpointOf(deps.em, organizationId, id);
-  if (input.url !== undefined) await checkUrl(deps, input.url);
-  const row = await updateEndpoint(deps.em, organizationId, id, input);
+  if (input.url !== undefined) {
+    // An unknown endpoint is 404 before its new URL is resolved.
+    await endpointOf(deps.em, organizationId, id);
+    await checkUrl(deps, input.url);
+  }
+  const row = isId(id, 'whk') ? await updateEndpoint(deps.em, organizationId, id, input) : undefined;
   if (!row) throw new NotFoundError(`No webhook ${id}`);
   return toWebhook(row);
 }
@@ -121,9 +124,9 @@ export async function deleteWebhook(em: EntityManager, organizationId: string, i
 
 /** A new secret, answered once; attempts from now on are signed with it. */
 export async function rotateWebhookSecret(deps: Pick<WebhookDeps, 'em' | 'box'>, organizationId: string, id: string): Promise<Webhook & { secret: string }> {
-  await endpointOf(deps.em, organizationId, id);
   const secret = newWebhookSecret();
-  const row = await updateEndpoint(deps.em, organizationId, id, { secretSealed: deps.box.seal(secret) });
+  // The update answers whether the endpoint exists: no select before it.
+  const row = isId(id, 'whk') ? await updateEndpoint(deps.em, organizationId, id, { secretSealed: deps.box.seal(secret) }) : undefined;
   if (!row) throw new NotFoundError(`No webhook ${id}`);
   return { ...toWebhook(row), secret };
 }
