@@ -155,6 +155,39 @@ describe('webhook endpoints API', () => {
     await api('DELETE', `/webhooks/${mine.id}`);
   });
 
+  it('pages deliveries newest first with after and before; both cursors, or an unknown one, are 422 naming it', async () => {
+    const endpoint = await createEndpoint('/ok');
+    // Disabled: the messages stay pending and are only listed.
+    expect((await api('PATCH', `/webhooks/${endpoint.id}`, { enabled: false })).statusCode).toBe(200);
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) ids.push((await api('POST', `/webhooks/${endpoint.id}/test`)).json().id as string);
+    const [newest, middle, oldest] = [...ids].reverse() as [string, string, string];
+    const page = async (query: string) => {
+      const response = await api('GET', `/webhooks/${endpoint.id}/deliveries?${query}`);
+      expect(response.statusCode, query).toBe(200);
+      const body = response.json() as { has_more: boolean; data: { id: string }[] };
+      return { ids: body.data.map((d) => d.id), hasMore: body.has_more };
+    };
+    expect(await page('limit=2')).toEqual({ ids: [newest, middle], hasMore: true });
+    expect(await page(`limit=2&after=${middle}`)).toEqual({ ids: [oldest], hasMore: false });
+    expect(await page(`limit=1&before=${oldest}`)).toEqual({ ids: [middle], hasMore: true });
+    expect(await page(`limit=2&before=${middle}`)).toEqual({ ids: [newest], hasMore: false });
+
+    const both = await api('GET', `/webhooks/${endpoint.id}/deliveries?after=${oldest}&before=${newest}`);
+    expect(both.statusCode).toBe(422);
+    expect(both.json().details[0].path).toBe('after');
+    const other = await createEndpoint('/ok');
+    const foreign = (await api('POST', `/webhooks/${other.id}/test`)).json().id as string;
+    for (const [field, cursor] of [['after', 'msg_00000000000000000000000000'], ['before', foreign], ['after', 'nonsense']] as const) {
+      const unknown = await api('GET', `/webhooks/${endpoint.id}/deliveries?${field}=${cursor}`);
+      expect(unknown.statusCode, `${field}=${cursor}`).toBe(422);
+      expect(unknown.json().name).toBe('validation_error');
+      expect(unknown.json().details[0].path).toBe(field);
+    }
+    await api('DELETE', `/webhooks/${endpoint.id}`);
+    await api('DELETE', `/webhooks/${other.id}`);
+  });
+
   it('answers 404 to a rotation or a patch of an endpoint that is not the caller’s, and changes nothing', async () => {
     const mine = await createEndpoint('/ok', ['domain.verified']);
     const other = await createOrg(ctx.services, { name: 'Other rotations' });

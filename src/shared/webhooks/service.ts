@@ -7,6 +7,7 @@ import { TEST_EVENT_TYPE } from './events.js';
 import {
   deleteEndpoint,
   findEndpoint,
+  hasMessage,
   insertEndpoint,
   insertTestMessage,
   listEndpoints,
@@ -165,6 +166,12 @@ export async function listDeliveries(
     throw new ValidationError('Pass after or before, not both', [{ path: 'after', message: 'cannot be combined with before' }]);
   }
   const endpoint = await endpointOf(em, organizationId, id);
+  // Cursors as for emails (docs/foundation.md "Identifiers, time and lists"): an unknown one is 422.
+  const cursor = query.after ?? query.before;
+  if (cursor !== undefined && !(await hasMessage(em, endpoint.id, cursor))) {
+    const field = query.after !== undefined ? 'after' : 'before';
+    throw new ValidationError(`Unknown ${field} cursor`, [{ path: field, message: `no delivery ${cursor} of webhook ${id}` }]);
+  }
   const limit = query.limit ?? 20;
   const rows = await listMessages(em, endpoint.id, { limit: limit + 1, after: query.after, before: query.before });
   // `before` reads upwards: the extra row is the newest one, first in the reversed list.
