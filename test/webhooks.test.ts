@@ -3,12 +3,11 @@ import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createToken } from '../src/shared/tokens/service.js';
 import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
-import { createRedis } from '../src/shared/redis.js';
 import { PURGE_TARGETS, purgeExpired } from '../src/shared/retention/purge.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { webhookProcessor } from '../src/workers/webhooks.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startTestWorkers, type TestWorkers } from './helpers/hooks-workers.js';
 import { waitFor } from './helpers/outages.js';
 import { startWebhookReceiver, type ReceivedWebhook, type WebhookReceiver } from './helpers/webhook-receiver.js';
 
@@ -18,23 +17,19 @@ let ctx: TestContext;
 let receiver: WebhookReceiver;
 let token: string;
 let organizationId: string;
-let workers: RunningWorkers | undefined;
-let connection: { disconnect(): void } | undefined;
+let workers: TestWorkers | undefined;
 
 beforeAll(async () => {
   receiver = await startWebhookReceiver();
   ctx = await createTestContext({ PROVIDER_WEBHOOK_SECRET: PROVIDER_SECRET, PUBLIC_URL: 'http://mailroom.test' });
   ({ token, organizationId } = await createOrg(ctx.services));
-  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
-  connection = redis;
-  workers = await startWorkers(ctx.services, redis, [
+  workers = await startTestWorkers(ctx, [
     webhookProcessor({ dispatchEveryMs: 200 }) as never,
     emailSendProcessor('emails', { reconcileGraceMs: 0 }) as never,
   ]);
 });
 afterAll(async () => {
   await workers?.close();
-  connection?.disconnect();
   await ctx?.close();
   await receiver?.close();
 });
