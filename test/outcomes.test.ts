@@ -4,10 +4,9 @@ import { buildApp } from '../src/api/app.js';
 import { insertEmails } from '../src/shared/emails/service.js';
 import { writeHits } from '../src/shared/outcomes/recorder.js';
 import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
-import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startTestWorkers, type TestWorkers } from './helpers/hooks-workers.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
@@ -18,20 +17,16 @@ let sink: SmtpSink;
 let ctx: TestContext;
 let token: string;
 let organizationId: string;
-let workers: RunningWorkers | undefined;
-let connection: { disconnect(): void } | undefined;
+let workers: TestWorkers | undefined;
 
 beforeAll(async () => {
   sink = await startSmtpSink();
   ctx = await createTestContext({ MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, PROVIDER_WEBHOOK_SECRET: SECRET, PUBLIC_URL });
   ({ token, organizationId } = await createOrg(ctx.services));
-  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
-  connection = redis;
-  workers = await startWorkers(ctx.services, redis, [emailSendProcessor('emails', { reconcileGraceMs: 0 })]);
+  workers = await startTestWorkers(ctx, [emailSendProcessor('emails', { reconcileGraceMs: 0 })]);
 });
 afterAll(async () => {
   await workers?.close();
-  connection?.disconnect();
   await ctx?.close();
   await sink?.close();
 });

@@ -8,10 +8,9 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
 import { relayMessageId } from '../src/shared/providers/relay-id.js';
-import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startTestWorkers, type TestWorkers } from './helpers/hooks-workers.js';
 import { runService, type ServiceProcess } from './helpers/process.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
@@ -29,8 +28,7 @@ let dir: string;
 let sink: SmtpSink;
 let ctx: TestContext;
 let token: string;
-let workers: RunningWorkers | undefined;
-let connection: { disconnect(): void } | undefined;
+let workers: TestWorkers | undefined;
 let https: Server;
 let httpsBase: string;
 let snsKey: KeyObject;
@@ -81,9 +79,7 @@ beforeAll(async () => {
     SENDGRID_WEBHOOK_PUBLIC_KEY: sendgrid.publicKey.export({ type: 'spki', format: 'der' }).toString('base64'),
   });
   ({ token } = await createOrg(ctx.services));
-  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
-  connection = redis;
-  workers = await startWorkers(ctx.services, redis, [emailSendProcessor('emails', { reconcileGraceMs: 0 })]);
+  workers = await startTestWorkers(ctx, [emailSendProcessor('emails', { reconcileGraceMs: 0 })]);
 
   // The SES endpoint fetches certificates over https: an API process that trusts the test's.
   api = runService('src/api/server.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info', NODE_EXTRA_CA_CERTS: join(dir, 'tls.crt') });
@@ -94,7 +90,6 @@ afterAll(async () => {
   api?.kill();
   await api?.exited;
   await workers?.close();
-  connection?.disconnect();
   await ctx?.close();
   await sink?.close();
   await new Promise((resolve) => https?.close(resolve));

@@ -4,12 +4,11 @@ import { completeCampaign } from '../src/shared/campaigns/fanout.js';
 import { applyDeliveryFeedback } from '../src/shared/outcomes/provider-events.js';
 import { checkDomain } from '../src/shared/domains/verification.js';
 import { newId } from '../src/shared/ids.js';
-import { createRedis } from '../src/shared/redis.js';
 import { domainsProcessor } from '../src/workers/domains.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { webhookProcessor } from '../src/workers/webhooks.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startTestWorkers, type TestWorkers } from './helpers/hooks-workers.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { waitFor } from './helpers/outages.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
@@ -24,8 +23,7 @@ let receiver: WebhookReceiver;
 let token: string;
 let organizationId: string;
 let secret: string;
-let workers: RunningWorkers | undefined;
-let connection: { disconnect(): void } | undefined;
+let workers: TestWorkers | undefined;
 
 beforeAll(async () => {
   receiver = await startWebhookReceiver();
@@ -33,9 +31,7 @@ beforeAll(async () => {
   sink = await startSmtpSink();
   ctx = await createTestContext({ DNS_SERVERS: dns.address, MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url });
   ({ token, organizationId } = await createOrg(ctx.services));
-  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
-  connection = redis;
-  workers = await startWorkers(ctx.services, redis, [
+  workers = await startTestWorkers(ctx, [
     webhookProcessor({ dispatchEveryMs: 200 }) as never,
     domainsProcessor as never,
     emailSendProcessor('emails', { reconcileGraceMs: 0 }) as never,
@@ -45,7 +41,6 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await workers?.close();
-  connection?.disconnect();
   await ctx?.close();
   await sink?.close();
   await dns?.close();

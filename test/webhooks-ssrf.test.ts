@@ -1,10 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/shared/config.js';
-import { createRedis } from '../src/shared/redis.js';
 import { isPublicAddress } from '../src/shared/webhooks/ssrf.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { webhookProcessor } from '../src/workers/webhooks.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startTestWorkers, type TestWorkers } from './helpers/hooks-workers.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { waitFor } from './helpers/outages.js';
 import { startWebhookReceiver, type WebhookReceiver } from './helpers/webhook-receiver.js';
@@ -16,8 +15,7 @@ let dns: TestDnsServer;
 let ctx: TestContext;
 let receiver: WebhookReceiver;
 let token: string;
-let workers: RunningWorkers | undefined;
-let connection: { disconnect(): void } | undefined;
+let workers: TestWorkers | undefined;
 
 beforeAll(async () => {
   receiver = await startWebhookReceiver();
@@ -31,13 +29,10 @@ beforeAll(async () => {
   });
   ctx = await createTestContext({ WEBHOOK_ALLOW_PRIVATE_URLS: 'false', DNS_SERVERS: dns.address });
   ({ token } = await createOrg(ctx.services));
-  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
-  connection = redis;
-  workers = await startWorkers(ctx.services, redis, [webhookProcessor({ dispatchEveryMs: 200 }) as never]);
+  workers = await startTestWorkers(ctx, [webhookProcessor({ dispatchEveryMs: 200 }) as never]);
 });
 afterAll(async () => {
   await workers?.close();
-  connection?.disconnect();
   await ctx?.close();
   await dns?.close();
   await receiver?.close();

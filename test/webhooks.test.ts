@@ -3,12 +3,11 @@ import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createToken } from '../src/shared/tokens/service.js';
 import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
-import { createRedis } from '../src/shared/redis.js';
 import { PURGE_TARGETS, purgeExpired } from '../src/shared/retention/purge.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
-import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { webhookProcessor } from '../src/workers/webhooks.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { startTestWorkers, type TestWorkers } from './helpers/hooks-workers.js';
 import { waitFor } from './helpers/outages.js';
 import { startWebhookReceiver, type ReceivedWebhook, type WebhookReceiver } from './helpers/webhook-receiver.js';
 
@@ -18,23 +17,19 @@ let ctx: TestContext;
 let receiver: WebhookReceiver;
 let token: string;
 let organizationId: string;
-let workers: RunningWorkers | undefined;
-let connection: { disconnect(): void } | undefined;
+let workers: TestWorkers | undefined;
 
 beforeAll(async () => {
   receiver = await startWebhookReceiver();
   ctx = await createTestContext({ PROVIDER_WEBHOOK_SECRET: PROVIDER_SECRET, PUBLIC_URL: 'http://mailroom.test' });
   ({ token, organizationId } = await createOrg(ctx.services));
-  const redis = createRedis(ctx.env.config.redisUrl, 'worker');
-  connection = redis;
-  workers = await startWorkers(ctx.services, redis, [
+  workers = await startTestWorkers(ctx, [
     webhookProcessor({ dispatchEveryMs: 200 }) as never,
     emailSendProcessor('emails', { reconcileGraceMs: 0 }) as never,
   ]);
 });
 afterAll(async () => {
   await workers?.close();
-  connection?.disconnect();
   await ctx?.close();
   await receiver?.close();
 });
@@ -152,6 +147,55 @@ describe('webhook endpoints API', () => {
     expect((await api('GET', `/webhooks/${mine.id}/deliveries`, undefined, other.token)).statusCode).toBe(404);
     expect((await api('DELETE', `/webhooks/${mine.id}`, undefined, other.token)).statusCode).toBe(404);
     expect((await api('GET', '/webhooks', undefined, other.token)).json().data).toEqual([]);
+    await api('DELETE', `/webhooks/${mine.id}`);
+  });
+
+  it('pages deliveries newest first with after and before; both cursors, or an unknown one, are 422 naming it', async () => {
+    const endpoint = await createEndpoint('/ok');
+    // Disabled: the messages stay pending and are only listed.
+    expect((await api('PATCH', `/webhooks/${endpoint.id}`, { enabled: false })).statusCode).toBe(200);
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) ids.push((await api('POST', `/webhooks/${endpoint.id}/test`)).json().id as string);
+    const [newest, middle, oldest] = [...ids].reverse() as [string, string, string];
+    const page = async (query: string) => {
+      const response = await api('GET', `/webhooks/${endpoint.id}/deliveries?${query}`);
+      expect(response.statusCode, query).toBe(200);
+      const body = response.json() as { has_more: boolean; data: { id: string }[] };
+      return { ids: body.data.map((d) => d.id), hasMore: body.has_more };
+    };
+    expect(await page('limit=2')).toEqual({ ids: [newest, middle], hasMore: true });
+    expect(await page(`limit=2&after=${middle}`)).toEqual({ ids: [oldest], hasMore: false });
+    expect(await page(`limit=1&before=${oldest}`)).toEqual({ ids: [middle], hasMore: true });
+    expect(await page(`limit=2&before=${middle}`)).toEqual({ ids: [newest], hasMore: false });
+
+    const both = await api('GET', `/webhooks/${endpoint.id}/deliveries?after=${oldest}&before=${newest}`);
+    expect(both.statusCode).toBe(422);
+    expect(both.json().details[0].path).toBe('after');
+    const other = await createEndpoint('/ok');
+    const foreign = (await api('POST', `/webhooks/${other.id}/test`)).json().id as string;
+    for (const [field, cursor] of [['after', 'msg_00000000000000000000000000'], ['before', foreign], ['after', 'nonsense']] as const) {
+      const unknown = await api('GET', `/webhooks/${endpoint.id}/deliveries?${field}=${cursor}`);
+      expect(unknown.statusCode, `${field}=${cursor}`).toBe(422);
+      expect(unknown.json().name).toBe('validation_error');
+      expect(unknown.json().details[0].path).toBe(field);
+    }
+    await api('DELETE', `/webhooks/${endpoint.id}`);
+    await api('DELETE', `/webhooks/${other.id}`);
+  });
+
+  it('answers 404 to a rotation or a patch of an endpoint that is not the caller’s, and changes nothing', async () => {
+    const mine = await createEndpoint('/ok', ['domain.verified']);
+    const other = await createOrg(ctx.services, { name: 'Other rotations' });
+    const [before] = await sql<{ secret_sealed: string; url: string; description: string | null }>('select secret_sealed, url, description from webhook_endpoints where id = ?', [mine.id]);
+    expect((await api('POST', `/webhooks/${mine.id}/secret`, undefined, other.token)).statusCode).toBe(404);
+    expect((await api('PATCH', `/webhooks/${mine.id}`, { url: `${receiver.url}/elsewhere` }, other.token)).statusCode).toBe(404);
+    expect((await api('PATCH', `/webhooks/${mine.id}`, { description: 'not mine' }, other.token)).statusCode).toBe(404);
+    for (const id of ['whk_nope', 'not-an-id']) {
+      expect((await api('POST', `/webhooks/${id}/secret`)).statusCode, id).toBe(404);
+      expect((await api('PATCH', `/webhooks/${id}`, { description: 'x' })).statusCode, id).toBe(404);
+    }
+    const [after] = await sql<{ secret_sealed: string; url: string; description: string | null }>('select secret_sealed, url, description from webhook_endpoints where id = ?', [mine.id]);
+    expect(after).toEqual(before);
     await api('DELETE', `/webhooks/${mine.id}`);
   });
 });

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { WEBHOOK_EVENT_TYPES } from '../../shared/webhooks/events.js';
+import { isWebhookEventType, WEBHOOK_EVENT_TYPES } from '../../shared/webhooks/events.js';
 import {
   createWebhook,
   deleteWebhook,
@@ -39,7 +39,7 @@ const Events = z
   .max(WEBHOOK_EVENT_TYPES.length + 1)
   .superRefine((events, ctx) => {
     events.forEach((type, index) => {
-      if (type !== '*' && !(WEBHOOK_EVENT_TYPES as readonly string[]).includes(type)) {
+      if (type !== '*' && !isWebhookEventType(type)) {
         ctx.addIssue({ code: 'custom', path: [index], message: `unknown event type "${type}"` });
       }
     });
@@ -84,17 +84,9 @@ const WebhookParams = z.object({ id: z.string().min(1).max(100) });
 const DeliveryParams = z.object({ id: z.string().min(1).max(100), msgId: z.string().min(1).max(100) });
 const Deleted = z.object({ object: z.literal('webhook'), id: z.string(), deleted: z.literal(true) });
 
-function present(webhook: Webhook): z.infer<typeof WebhookShape> {
-  return {
-    id: webhook.id,
-    url: webhook.url,
-    events: webhook.events,
-    description: webhook.description,
-    enabled: webhook.enabled,
-    disabledReason: webhook.disabledReason,
-    createdAt: iso(webhook.createdAt),
-    updatedAt: iso(webhook.updatedAt),
-  };
+// The service's shapes already carry the API's fields; only their dates become text.
+function present<T extends Webhook>(webhook: T): Omit<T, 'createdAt' | 'updatedAt'> & z.infer<typeof WebhookShape> {
+  return { ...webhook, createdAt: iso(webhook.createdAt), updatedAt: iso(webhook.updatedAt) };
 }
 
 function presentDelivery(delivery: Delivery): z.infer<typeof DeliveryShape> {
@@ -116,8 +108,7 @@ export async function webhooksRoutes(app: App): Promise<void> {
     '/webhooks',
     { config, schema: { tags, summary: 'Create a webhook endpoint (its secret is shown only here)', body: CreateWebhookBody, response: { 200: WebhookWithSecret } } },
     async (request) => {
-      const created = await createWebhook(deps(request), request.caller.organizationId, request.body);
-      return { ...present(created), secret: created.secret };
+      return present(await createWebhook(deps(request), request.caller.organizationId, request.body));
     },
   );
 
@@ -163,8 +154,7 @@ export async function webhooksRoutes(app: App): Promise<void> {
     '/webhooks/:id/secret',
     { config, schema: { tags, summary: 'Rotate the signing secret (the new one is shown only here)', params: WebhookParams, response: { 200: WebhookWithSecret } } },
     async (request) => {
-      const rotated = await rotateWebhookSecret(deps(request), request.caller.organizationId, request.params.id);
-      return { ...present(rotated), secret: rotated.secret };
+      return present(await rotateWebhookSecret(deps(request), request.caller.organizationId, request.params.id));
     },
   );
 

@@ -1,4 +1,4 @@
-import { createHash, timingSafeEqual } from 'node:crypto';
+import { safeEqual, sha256Hex } from '../crypto.js';
 import type { DeliveryFeedback } from '../outcomes/provider-events.js';
 
 /**
@@ -15,13 +15,10 @@ export function postmarkAuthorized(header: string | undefined, expected: { user:
   if (colon < 0) return false;
   // Both compared, in constant time and whatever the first answer, as digests: comparing the
   // values themselves would tell their length.
-  const userOk = sameDigest(decoded.slice(0, colon), expected.user);
-  const passwordOk = sameDigest(decoded.slice(colon + 1), expected.password);
+  const userOk = safeEqual(sha256Hex(decoded.slice(0, colon)), sha256Hex(expected.user));
+  const passwordOk = safeEqual(sha256Hex(decoded.slice(colon + 1)), sha256Hex(expected.password));
   return userOk && passwordOk;
 }
-
-const digest = (value: string) => createHash('sha256').update(value).digest();
-const sameDigest = (a: string, b: string) => timingSafeEqual(digest(a), digest(b));
 
 interface PostmarkEvent {
   RecordType?: string;

@@ -15,7 +15,6 @@ import { guardedLookup, hostOf, isPublicAddress } from './ssrf.js';
  * from an outage is not hit by its whole backlog in the same second.
  */
 export const RETRY_SCHEDULE_MS = [5_000, 5 * 60_000, 30 * 60_000, 2 * 3_600_000, 5 * 3_600_000, 10 * 3_600_000, 10 * 3_600_000];
-export const MAX_ATTEMPTS = RETRY_SCHEDULE_MS.length + 1;
 /** An endpoint whose every delivery has failed this long is disabled. */
 export const DISABLE_AFTER_MS = 5 * 24 * 3_600_000;
 
@@ -173,16 +172,18 @@ export interface EndpointRunDeps {
 export async function deliverEndpoint(deps: EndpointRunDeps, endpointId: string, options: EndpointRunOptions = {}): Promise<{ succeeded: number; failed: number }> {
   const o = { ...RUN_DEFAULTS, ...options };
   const counts = { succeeded: 0, failed: 0 };
-  const endpoint = await loadEndpointForDelivery(deps.em, endpointId);
-  if (!endpoint?.enabled) return counts;
-  const secret = deps.box.open(endpoint.secret_sealed);
   const started = Date.now();
   // After a success has cleared the endpoint's failing streak, later successes of this run
   // have nothing to clear.
   let healthy = false;
   while (Date.now() - started < o.maxRunMs) {
+    // Read before every batch, not once a run: a disable, a new URL or a rotated secret
+    // takes effect from the next batch (docs/webhooks.md: `enabled: false` stops deliveries).
+    const endpoint = await loadEndpointForDelivery(deps.em, endpointId);
+    if (!endpoint?.enabled) break;
     const claimed = await claimMessages(deps.em, endpointId, o.batch, o.leaseMs);
     if (claimed.length === 0) break;
+    const secret = deps.box.open(endpoint.secret_sealed);
     const results = new Array<AttemptResult>(claimed.length);
     await forEachLimit(claimed.length, o.concurrency, async (i) => {
       const message = claimed[i]!;

@@ -130,6 +130,12 @@ export async function listMessages(em: Db, endpointId: string, options: { limit:
   );
 }
 
+/** Whether `messageId` is a delivery of the endpoint (a list cursor must be one). */
+export async function hasMessage(em: Db, endpointId: string, messageId: string): Promise<boolean> {
+  const rows = await em.execute<{ id: string }[]>('select id from webhook_messages where id = ? and endpoint_id = ?', [messageId, endpointId], 'all');
+  return rows.length > 0;
+}
+
 /** `POST …/deliveries/{msgId}/retry`: due now, whatever its state; its attempts keep counting. */
 export async function retryMessage(em: Db, endpointId: string, messageId: string): Promise<MessageRow | undefined> {
   const [row] = await em.execute<MessageRow[]>(

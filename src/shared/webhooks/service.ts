@@ -7,6 +7,7 @@ import { TEST_EVENT_TYPE } from './events.js';
 import {
   deleteEndpoint,
   findEndpoint,
+  hasMessage,
   insertEndpoint,
   insertTestMessage,
   listEndpoints,
@@ -108,9 +109,12 @@ export async function listWebhooks(em: EntityManager, organizationId: string, qu
 }
 
 export async function patchWebhook(deps: WebhookDeps, organizationId: string, id: string, input: PatchWebhookInput): Promise<Webhook> {
-  await endpointOf(deps.em, organizationId, id);
-  if (input.url !== undefined) await checkUrl(deps, input.url);
-  const row = await updateEndpoint(deps.em, organizationId, id, input);
+  if (input.url !== undefined) {
+    // An unknown endpoint is 404 before its new URL is resolved.
+    await endpointOf(deps.em, organizationId, id);
+    await checkUrl(deps, input.url);
+  }
+  const row = isId(id, 'whk') ? await updateEndpoint(deps.em, organizationId, id, input) : undefined;
   if (!row) throw new NotFoundError(`No webhook ${id}`);
   return toWebhook(row);
 }
@@ -121,9 +125,9 @@ export async function deleteWebhook(em: EntityManager, organizationId: string, i
 
 /** A new secret, answered once; attempts from now on are signed with it. */
 export async function rotateWebhookSecret(deps: Pick<WebhookDeps, 'em' | 'box'>, organizationId: string, id: string): Promise<Webhook & { secret: string }> {
-  await endpointOf(deps.em, organizationId, id);
   const secret = newWebhookSecret();
-  const row = await updateEndpoint(deps.em, organizationId, id, { secretSealed: deps.box.seal(secret) });
+  // The update answers whether the endpoint exists: no select before it.
+  const row = isId(id, 'whk') ? await updateEndpoint(deps.em, organizationId, id, { secretSealed: deps.box.seal(secret) }) : undefined;
   if (!row) throw new NotFoundError(`No webhook ${id}`);
   return { ...toWebhook(row), secret };
 }
@@ -162,6 +166,12 @@ export async function listDeliveries(
     throw new ValidationError('Pass after or before, not both', [{ path: 'after', message: 'cannot be combined with before' }]);
   }
   const endpoint = await endpointOf(em, organizationId, id);
+  // Cursors as for emails (docs/foundation.md "Identifiers, time and lists"): an unknown one is 422.
+  const cursor = query.after ?? query.before;
+  if (cursor !== undefined && !(await hasMessage(em, endpoint.id, cursor))) {
+    const field = query.after !== undefined ? 'after' : 'before';
+    throw new ValidationError(`Unknown ${field} cursor`, [{ path: field, message: `no delivery ${cursor} of webhook ${id}` }]);
+  }
   const limit = query.limit ?? 20;
   const rows = await listMessages(em, endpoint.id, { limit: limit + 1, after: query.after, before: query.before });
   // `before` reads upwards: the extra row is the newest one, first in the reversed list.

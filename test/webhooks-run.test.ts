@@ -1,0 +1,63 @@
+import { Webhook } from 'standardwebhooks';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { deliverEndpoint, type WebhookClient } from '../src/shared/webhooks/dispatcher.js';
+import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+
+// One endpoint's run (dispatcher.ts `deliverEndpoint`), called directly: no worker runs here,
+// so nothing else claims the messages.
+let ctx: TestContext;
+let token: string;
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+  ({ token } = await createOrg(ctx.services));
+});
+afterAll(async () => {
+  await ctx?.close();
+});
+
+const api = (method: 'POST' | 'PATCH', url: string, payload?: object) =>
+  ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(token), ...(payload === undefined ? {} : { payload }) });
+
+describe('an endpoint run', () => {
+  it('stops at the next batch once the endpoint is disabled, and signs with a rotated secret from the next batch', async () => {
+    const endpoint = (await api('POST', '/webhooks', { url: 'https://receiver.example/hook', events: ['*'] })).json() as { id: string; secret: string };
+    for (let i = 0; i < 4; i++) expect((await api('POST', `/webhooks/${endpoint.id}/test`)).statusCode).toBe(200);
+
+    const posted: { headers: Record<string, string>; body: string }[] = [];
+    let rotated: string | undefined;
+    const client = {
+      async post(_endpointId: string, _url: string, headers: Record<string, string>, body: string) {
+        posted.push({ headers, body });
+        if (posted.length === 1) rotated = (await api('POST', `/webhooks/${endpoint.id}/secret`)).json().secret as string;
+        if (posted.length === 2) expect((await api('PATCH', `/webhooks/${endpoint.id}`, { enabled: false })).statusCode).toBe(200);
+        return { ok: true, statusCode: 200, error: null };
+      },
+    } as unknown as WebhookClient;
+
+    const counts = await deliverEndpoint({ em: ctx.services.orm.em.fork(), box: ctx.services.box, client, clock: ctx.services.clock }, endpoint.id, { batch: 1, concurrency: 1 });
+    // The user's disable after the second post stops the run: the other two wait.
+    expect(counts).toEqual({ succeeded: 2, failed: 0 });
+    expect(posted).toHaveLength(2);
+    const [{ n }] = await ctx.services.orm.em.fork().execute<{ n: number }[]>(
+      `select count(*)::int as n from webhook_messages where endpoint_id = ? and status = 'pending'`,
+      [endpoint.id],
+      'all',
+    );
+    expect(n).toBe(2);
+    // The first post was signed with the secret of the creation, the second with the one
+    // rotated in between.
+    const verifies = (secret: string, i: number) => {
+      try {
+        new Webhook(secret).verify(posted[i]!.body, posted[i]!.headers);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    expect(verifies(endpoint.secret, 0)).toBe(true);
+    expect(rotated).toBeDefined();
+    expect(verifies(rotated!, 1)).toBe(true);
+    expect(verifies(endpoint.secret, 1)).toBe(false);
+  });
+});
