@@ -1,4 +1,4 @@
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
 import { loadConfig, type Config } from '../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
@@ -130,6 +130,50 @@ export async function stop(child: ChildProcess): Promise<void> {
     child.once('exit', () => resolve());
     child.kill('SIGTERM');
   });
+}
+
+/**
+ * A helper script of bench/ (`./smtp-sink-process.ts`, `./webhook-receiver-process.ts`) in a
+ * process of its own, so it does not share a core with what is measured: forked through tsx
+ * with an IPC channel; it reports its URL first, then answers the messages it is sent.
+ */
+export interface HelperProcess {
+  proc: ChildProcess;
+  url: string;
+  /** Sends `what` and resolves with the first reply that has `key`. */
+  ask<T>(what: string, key: string): Promise<T>;
+  stop(): void;
+}
+
+export async function startHelperProcess(script: string): Promise<HelperProcess> {
+  const proc = fork(new URL(script, import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const url = await new Promise<string>((resolve, reject) => {
+    proc.once('message', (m: { url: string }) => resolve(m.url));
+    proc.once('exit', (code) => reject(new Error(`${script} exited (${code}) before reporting its URL`)));
+  });
+  return {
+    proc,
+    url,
+    ask: <T>(what: string, key: string) =>
+      new Promise<T>((resolve) => {
+        const onMessage = (m: Record<string, unknown>) => {
+          if (!(key in m)) return;
+          proc.off('message', onMessage);
+          resolve(m[key] as T);
+        };
+        proc.on('message', onMessage);
+        proc.send(what);
+      }),
+    stop: () => {
+      if (proc.connected) proc.send('stop');
+    },
+  };
+}
+
+/** The local SMTP sink (bench/smtp-sink-process.ts) and the messages it accepted so far. */
+export async function startSinkProcess(): Promise<HelperProcess & { count(): Promise<number> }> {
+  const sink = await startHelperProcess('./smtp-sink-process.ts');
+  return { ...sink, count: () => sink.ask<number>('count', 'count') };
 }
 
 export const fmt = (n: number, digits = 0) => n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });

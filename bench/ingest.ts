@@ -1,10 +1,10 @@
 import autocannon, { type Result } from 'autocannon';
-import { execFile, fork, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { createBenchEnv, fmt, freePort, spawnService, stop } from './harness.js';
+import { createBenchEnv, fmt, freePort, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:ingest`: accepted sends a second through POST /api/v2/emails against
 // GET /healthz of the same server in the same run, then batch throughput (100 a call).
@@ -22,9 +22,8 @@ const ONLY = process.env.BENCH_ONLY;
 const skip = (phase: string) => ONLY !== undefined && ONLY !== phase;
 const exec = promisify(execFile);
 
-const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
-const bench = await createBenchEnv('ingest', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl, WORKER_QUEUES: 'emails' });
+const sink = await startSinkProcess();
+const bench = await createBenchEnv('ingest', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, WORKER_QUEUES: 'emails' });
 const port = await freePort();
 const base = `http://127.0.0.1:${port}`;
 // BENCH_API=compiled: the API compiled by tsc (into a temporary directory) and run by node,
@@ -103,7 +102,7 @@ async function snapshot(): Promise<Map<string, number>> {
   add('api', await cpuMs(api.pid!));
   for (const w of workers) add('worker', await cpuMs(w.pid!));
   add('redis', await cpuMs(redisPid));
-  add('sink', await cpuMs(sink.pid!));
+  add('sink', await cpuMs(sink.proc.pid!));
   for (const b of backends) add(`pg:${role(owners.get(b.port))}`, await cpuMs(b.pid));
   return out;
 }
@@ -175,6 +174,6 @@ try {
   clearInterval(rssTimer);
   for (const w of workers) await stop(w);
   await stop(api);
-  sink.send('stop');
+  sink.stop();
   await bench.dispose();
 }
