@@ -1,12 +1,11 @@
 import type { ChildProcess } from 'node:child_process';
-import { readFile } from 'node:fs/promises';
 import nodemailer from 'nodemailer';
 import { buildApp } from '../src/api/app.js';
 import { renderCampaignTemplate } from '../src/shared/campaigns/content.js';
 import { dkimOptionsFor } from '../src/shared/domains/dkim.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
 import { createSenderRow, seedSubscribers } from '../test/helpers/campaigns.js';
-import { createBenchEnv, fmt, spawnService, stop, startSinkProcess } from './harness.js';
+import { createBenchEnv, fmt, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:campaign`: N SUBSCRIBED subscribers (default 100,000), one campaign sent
 // now, the smtp transport to a local sink (its own process). Measures the fan-out (all rows
@@ -53,11 +52,9 @@ try {
   let peakRss = 0;
   let fanOutPeakRss = 0;
   let fanOutDone = false;
-  const rssOf = (pid: number | undefined) =>
-    readFile(`/proc/${pid}/status`, 'utf8').then((s) => Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024, () => 0);
   const rssTimer = setInterval(() => {
-    void rssOf(worker!.pid).then((rss) => (peakRss = Math.max(peakRss, rss)));
-    void rssOf(fanOutWorker!.pid).then((rss) => (fanOutPeakRss = Math.max(fanOutPeakRss, rss)));
+    void rssOf(worker!.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
+    void rssOf(fanOutWorker!.pid!).then((rss) => (fanOutPeakRss = Math.max(fanOutPeakRss, rss)));
   }, 100);
   await new Promise((r) => setTimeout(r, 3_000)); // worker start-up
 

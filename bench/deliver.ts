@@ -5,7 +5,7 @@ import { newEmailFromBody, SendEmailBody } from '../src/shared/emails/input.js';
 import { renderEmail } from '../src/shared/emails/render.js';
 import { insertEmails, sendJob } from '../src/shared/emails/service.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
-import { createBenchEnv, fmt, spawnService, stop, startSinkProcess } from './harness.js';
+import { cpuMsOf, createBenchEnv, fmt, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:deliver`: N queued emails through a worker process (render, claim, send
 // over pooled SMTP, record) to a local SMTP sink, against nodemailer sending the same
@@ -44,19 +44,9 @@ try {
     Array.from({ length: WORKERS }, () => spawnService('src/workers/main.ts', { ...bench.env, SMTP_MAX_CONNECTIONS: String(Math.max(1, Math.round(MAX_CONNECTIONS / WORKERS))) })),
   );
   const rssTimer = setInterval(() => {
-    for (const worker of workers) {
-      readFile(`/proc/${worker.pid}/status`, 'utf8').then(
-        (s) => (peakRss = Math.max(peakRss, Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024)),
-        () => {},
-      );
-    }
+    for (const worker of workers) void rssOf(worker.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
   }, 200);
-  const workersCpuMs = async () => (await Promise.all(workers.map((w) => cpuMs(w.pid!)))).reduce((a, b) => a + b, 0);
-  const cpuMs = async (pid: number) => {
-    // utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks of 10 ms.
-    const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-    return (Number(stat[11]) + Number(stat[12])) * 10;
-  };
+  const workersCpuMs = async () => (await Promise.all(workers.map((w) => cpuMsOf(w.pid!)))).reduce((a, b) => a + b, 0);
   // The PostgreSQL backends serving the worker (PostgreSQL runs on this host) and the sink:
   // their CPU an email too, since they share the cores with the worker.
   const otherCpuMs = async () => {
@@ -64,7 +54,7 @@ try {
     const pids = new Map<string, number>([['sink', sink.proc.pid!], ...backends.map((b) => [`pg${b.pid}`, b.pid] as [string, number])]);
     const [stats] = await em.execute<{ commits: string }[]>(`select xact_commit as commits from pg_stat_database where datname = current_database()`);
     const out = new Map<string, number>([['commits', Number(stats!.commits)]]);
-    for (const [name, pid] of pids) out.set(name, await cpuMs(pid).catch(() => 0));
+    for (const [name, pid] of pids) out.set(name, await cpuMsOf(pid));
     return out;
   };
   const started = Date.now();

@@ -1,4 +1,5 @@
 import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { loadConfig, type Config } from '../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
@@ -174,6 +175,24 @@ export async function startHelperProcess(script: string): Promise<HelperProcess>
 export async function startSinkProcess(): Promise<HelperProcess & { count(): Promise<number> }> {
   const sink = await startHelperProcess('./smtp-sink-process.ts');
   return { ...sink, count: () => sink.ask<number>('count', 'count') };
+}
+
+/**
+ * CPU time (user + system, ms) a process has used: fields 14 and 15 of /proc/PID/stat, in
+ * clock ticks of 10 ms; 0 once it has exited.
+ */
+export async function cpuMsOf(pid: number): Promise<number> {
+  try {
+    const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
+    return (Number(stat[11]) + Number(stat[12])) * 10;
+  } catch {
+    return 0;
+  }
+}
+
+/** Resident set size (bytes) of a process: VmRSS of /proc/PID/status; 0 once it has exited. */
+export async function rssOf(pid: number): Promise<number> {
+  return readFile(`/proc/${pid}/status`, 'utf8').then((s) => Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024, () => 0);
 }
 
 export const fmt = (n: number, digits = 0) => n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });

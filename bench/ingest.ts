@@ -4,7 +4,7 @@ import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { createBenchEnv, fmt, freePort, spawnService, startSinkProcess, stop } from './harness.js';
+import { cpuMsOf, createBenchEnv, fmt, freePort, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:ingest`: accepted sends a second through POST /api/v2/emails against
 // GET /healthz of the same server in the same run, then batch throughput (100 a call).
@@ -46,7 +46,7 @@ async function spawnCompiledApi(): Promise<ChildProcess> {
     if (Date.now() - started > 30_000) throw new Error('the compiled API did not start');
   }
 }
-const idleRss = Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${api.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+const idleRss = await rssOf(api.pid!);
 console.log(`API RSS once started: ${fmt(idleRss / 1024 / 1024)} MiB`);
 const workers: ChildProcess[] = [];
 for (let i = 0; i < WORKERS; i++) workers.push(await spawnService('src/workers/main.ts', bench.env));
@@ -66,21 +66,9 @@ const batchBody = JSON.stringify(Array.from({ length: 100 }, (_, i) => one(i)));
 
 let peakRss = 0;
 const rssTimer = setInterval(() => {
-  readFile(`/proc/${api.pid}/status`, 'utf8').then(
-    (s) => (peakRss = Math.max(peakRss, Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024)),
-    () => {},
-  );
+  void rssOf(api.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
 }, 100);
 
-/** utime + stime of a process in ms (fields 14 and 15 of /proc/PID/stat, 10 ms ticks). */
-async function cpuMs(pid: number): Promise<number> {
-  try {
-    const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-    return (Number(stat[11]) + Number(stat[12])) * 10;
-  } catch {
-    return 0;
-  }
-}
 
 /**
  * CPU so far of every process involved. A PostgreSQL backend is charged to the process
@@ -99,11 +87,11 @@ async function snapshot(): Promise<Map<string, number>> {
   const role = (pid: number | undefined) => (pid === api.pid ? 'api' : workers.some((w) => w.pid === pid) ? 'worker' : 'bench');
   const out = new Map<string, number>();
   const add = (key: string, ms: number) => out.set(key, (out.get(key) ?? 0) + ms);
-  add('api', await cpuMs(api.pid!));
-  for (const w of workers) add('worker', await cpuMs(w.pid!));
-  add('redis', await cpuMs(redisPid));
-  add('sink', await cpuMs(sink.proc.pid!));
-  for (const b of backends) add(`pg:${role(owners.get(b.port))}`, await cpuMs(b.pid));
+  add('api', await cpuMsOf(api.pid!));
+  for (const w of workers) add('worker', await cpuMsOf(w.pid!));
+  add('redis', await cpuMsOf(redisPid));
+  add('sink', await cpuMsOf(sink.proc.pid!));
+  for (const b of backends) add(`pg:${role(owners.get(b.port))}`, await cpuMsOf(b.pid));
   return out;
 }
 
@@ -117,7 +105,7 @@ async function run(title: string, perCall: number, options: autocannon.Options):
   const sentBefore = WORKERS ? await delivered() : 0;
   const result = await autocannon({ connections: CONNECTIONS, duration: DURATION, ...options, url: `${base}${options.url ?? ''}` });
   const after = await snapshot();
-  const rss = Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${api.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+  const rss = await rssOf(api.pid!);
   const metrics = await (await fetch(`${base}/metrics`)).text();
   const gauge = (name: string) => fmt(Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)`, 'm').exec(metrics)?.[1] ?? 0) / 1024 / 1024);
   const heap = `heap used ${gauge('nodejs_heap_size_used_bytes')} of ${gauge('nodejs_heap_size_total_bytes')} MiB, external ${gauge('nodejs_external_memory_bytes')} MiB`;

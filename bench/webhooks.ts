@@ -7,7 +7,7 @@ import { createOrganization } from '../src/shared/organizations/service.js';
 import { recordEmailEvents } from '../src/shared/webhooks/queries.js';
 import { createWebhook } from '../src/shared/webhooks/service.js';
 import { webhookHeaders } from '../src/shared/webhooks/signer.js';
-import { createBenchEnv, fmt, spawnService, startHelperProcess, startSinkProcess, stop } from './harness.js';
+import { cpuMsOf, createBenchEnv, fmt, spawnService, startHelperProcess, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:webhooks`, three parts:
 // 1. a burst of EVENTS email events to 2 endpoints of a local receiver that answers 200 at
@@ -31,11 +31,6 @@ const bench = await createBenchEnv('webhooks', { WEBHOOK_ALLOW_PRIVATE_URLS: 'tr
 const em = bench.services.orm.em.fork();
 const deps = { em, box: bench.services.box, dns: bench.services.dns, allowPrivateUrls: true };
 const body = SendEmailBody.parse({ from: 'Acme <receipts@acme.test>', to: 'user@example.com', subject: 'Your receipt', markdown: '# Thanks\n\nYour receipt **#1234** is ready.' });
-const cpuOf = async (pid: number) => {
-  // utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks of 10 ms.
-  const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-  return (Number(stat[11]) + Number(stat[12])) * 10;
-};
 const load = async () => (await readFile('/proc/loadavg', 'utf8')).split(' ').slice(0, 3).join(' ');
 
 async function seedEmails(organizationId: string, count: number): Promise<string[]> {
@@ -150,14 +145,14 @@ try {
       for (;;) {
         const [row] = await em.execute<{ n: number }[]>(`select count(*)::int as n from emails where id = any(array(select jsonb_array_elements_text(?::jsonb))) and status in ('sent', 'failed')`, [JSON.stringify(ids)]);
         if (cpuAtFirst === undefined && row!.n > 0) {
-          cpuAtFirst = await cpuOf(w.pid!);
+          cpuAtFirst = await cpuMsOf(w.pid!);
           doneAtFirst = row!.n;
         }
         if (row!.n >= SEND_EMAILS) break;
         if (Date.now() - started > 600_000) throw new Error('send run did not finish in 10 minutes');
         await new Promise((r) => setTimeout(r, 200));
       }
-      cpuMs = ((await cpuOf(w.pid!)) - cpuAtFirst!) / Math.max(1, SEND_EMAILS - doneAtFirst);
+      cpuMs = ((await cpuMsOf(w.pid!)) - cpuAtFirst!) / Math.max(1, SEND_EMAILS - doneAtFirst);
     } finally {
       await stop(w);
     }
