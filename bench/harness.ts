@@ -198,10 +198,10 @@ export async function rssOf(pid: number): Promise<number> {
 export const fmt = (n: number, digits = 0) => n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });
 
 /**
- * `count` sent emails of the benchmark's organization, each with one tracked link: the
- * paths of their open pixels and click redirects (tracking benchmarks).
+ * `count` emails of the benchmark's organization marked sent, to `reader{i}@example.com`
+ * from news@bench.test, with `content` as HTML and `{id}@bench.test` as Message-ID: their ids.
  */
-export async function seedTrackedEmails(bench: BenchEnv, count: number): Promise<{ opens: string[]; clicks: string[] }> {
+export async function seedSentEmails(bench: BenchEnv, count: number, content: string): Promise<string[]> {
   const { services } = bench;
   const ids = await insertEmails(
     services.orm.em.fork(),
@@ -211,12 +211,22 @@ export async function seedTrackedEmails(bench: BenchEnv, count: number): Promise
       to: `reader${i}@example.com`,
       subject: 'Bench',
       contentKind: 'html' as const,
-      content: '<p><a href="https://bench.test/offer">offer</a></p>',
+      content,
     })),
   );
   await services.orm.em.fork().execute(`update emails set status = 'sent', message_id = id || '@bench.test', sent_at = now()`, [], 'run');
+  return ids;
+}
+
+/**
+ * `count` sent emails of the benchmark's organization, each with one tracked link: the
+ * paths of their open pixels and click redirects (tracking benchmarks).
+ */
+export async function seedTrackedEmails(bench: BenchEnv, count: number): Promise<{ opens: string[]; clicks: string[] }> {
+  const { signer } = bench.services;
+  const ids = await seedSentEmails(bench, count, '<p><a href="https://bench.test/offer">offer</a></p>');
   return {
-    opens: ids.map((id) => `/t/o/${openToken(services.signer, id)}.gif`),
-    clicks: ids.map((id) => `/t/c/${clickToken(services.signer, id, 0, 'https://bench.test/offer?utm_source=mailroom&utm_medium=email')}`),
+    opens: ids.map((id) => `/t/o/${openToken(signer, id)}.gif`),
+    clicks: ids.map((id) => `/t/c/${clickToken(signer, id, 0, 'https://bench.test/offer?utm_source=mailroom&utm_medium=email')}`),
   };
 }
