@@ -47,7 +47,8 @@ async function measure(perStatement: number): Promise<number> {
   const before = await cpuMs();
   for (let done = 0; done < ROWS; done += perStatement) await insertEmails(sql, inputs, inputs.map(() => newId('eml')));
   const spent = (await cpuMs()) - before;
-  await client.query('truncate emails');
+  // cascade: the tables that reference emails (email_submissions, ...) are empty here.
+  await client.query('truncate emails cascade');
   return (spent * 1000) / ROWS;
 }
 
