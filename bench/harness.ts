@@ -93,7 +93,13 @@ export async function createBenchEnv(name: string, overrides: Record<string, str
 /** Runs a script of the service (`src/...`) as a child process with the bench environment. */
 let built = false;
 
-export async function spawnService(script: string, env: Record<string, string>, readyUrl?: string): Promise<ChildProcess> {
+export async function spawnService(
+  script: string,
+  env: Record<string, string>,
+  readyUrl?: string,
+  // detached: a process group of its own (bench:kill SIGKILLs the group); quiet: no output.
+  options: { detached?: boolean; quiet?: boolean } = {},
+): Promise<ChildProcess> {
   // BENCH_PROFILE=dir writes a V8 CPU profile of the child there (open in Chrome DevTools).
   const profile = process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : [];
   // Services run as production runs them: compiled by `npm run build` and started by node
@@ -107,7 +113,8 @@ export async function spawnService(script: string, env: Record<string, string>, 
   const flags = process.env.BENCH_NODE_FLAGS ? process.env.BENCH_NODE_FLAGS.split(/\s+/).filter(Boolean) : [];
   const child = spawn(process.execPath, [...profile, ...flags, ...entry], {
     env: { ...process.env, ...env },
-    stdio: ['ignore', 'inherit', 'inherit'],
+    stdio: options.quiet ? 'ignore' : ['ignore', 'inherit', 'inherit'],
+    detached: options.detached,
   });
   if (readyUrl) {
     const started = Date.now();
