@@ -1,9 +1,8 @@
-import { fork } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import type { ChildProcess } from 'node:child_process';
 import { newEmailFromBody, SendEmailBody } from '../src/shared/emails/input.js';
 import { insertEmails, sendJob } from '../src/shared/emails/service.js';
-import { createBenchEnv, fmt, freePort, spawnService, stop } from './harness.js';
+import { createBenchEnv, fmt, freePort, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:backlog`: a backlog accepted by batch calls as fast as the API takes them,
 // then the drain. In one run:
@@ -20,23 +19,14 @@ const BASELINE = Number(process.env.BENCH_BASELINE ?? 20_000);
 const CLIENTS = Number(process.env.BENCH_CLIENTS ?? 50);
 const DRAIN_S = Number(process.env.BENCH_DRAIN_S ?? 60);
 
-const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
-let sinkAccepted = 0;
+const sink = await startSinkProcess();
 let probeAt: number | undefined;
-sink.on('message', (m: { count?: number; probe?: string; at?: number }) => {
-  if (m.count !== undefined) sinkAccepted = m.count;
+sink.proc.on('message', (m: { probe?: string; at?: number }) => {
   if (m.probe) probeAt = m.at;
 });
-const sinkCount = async () => {
-  const before = sinkAccepted;
-  sink.send('count');
-  for (let i = 0; i < 100 && sinkAccepted === before; i++) await new Promise((r) => setTimeout(r, 5));
-  return sinkAccepted;
-};
 
 const port = await freePort();
-const bench = await createBenchEnv('backlog', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl, PORT: String(port), WORKER_QUEUES: 'emails' });
+const bench = await createBenchEnv('backlog', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, PORT: String(port), WORKER_QUEUES: 'emails' });
 const base = `http://127.0.0.1:${port}`;
 const auth = { authorization: `Bearer ${bench.token}`, 'content-type': 'application/json' };
 const message = (to: string) => ({ from: 'Acme <receipts@acme.test>', to, subject: 'Your receipt', html: '<h1>Thanks for your order</h1><p>Your receipt <b>#1234</b> is ready.</p>' });
@@ -48,7 +38,7 @@ const queue = bench.services.producer.queue('emails');
 
 async function sample(label: string, t0: number, last: { at: number; sink: number }) {
   const now = Date.now();
-  const sent = await sinkCount();
+  const sent = await sink.count();
   const counts = await queue.getJobCounts('wait', 'prioritized', 'active', 'delayed', 'completed');
   // What holds the worker's concurrency slots: sends or batch expansions.
   const active = await queue.getActive(0, 199);
@@ -76,7 +66,7 @@ try {
     await bench.services.producer.addBulk('emails', (await insertEmails(em, inputs)).map(sendJob));
   }
   worker = await spawnService('src/workers/main.ts', bench.env);
-  for (const t0 = Date.now(); (await sinkCount()) < BASELINE; ) {
+  for (const t0 = Date.now(); (await sink.count()) < BASELINE; ) {
     if (Date.now() - t0 > 300_000) throw new Error('baseline did not drain');
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -87,7 +77,7 @@ try {
   // 2. The burst.
   api = await spawnService('src/api/server.ts', bench.env, `${base}/readyz`);
   const t0 = Date.now();
-  let last = { at: t0, sink: await sinkCount() };
+  let last = { at: t0, sink: await sink.count() };
   const sinkAtBurst = last.sink;
   let accepted = 0;
   let sampling = true;
@@ -112,7 +102,7 @@ try {
   sampling = false;
   await sampler;
   const burstS = (Date.now() - t0) / 1000;
-  const sinkAfterBurst = await sinkCount();
+  const sinkAfterBurst = await sink.count();
   console.log(`accepted ${fmt(accepted)} emails in ${fmt(burstS, 1)} s = ${fmt(accepted / burstS)}/s; delivered during the burst: ${fmt((sinkAfterBurst - sinkAtBurst) / burstS)}/s`);
 
   // 3. One transactional email, right away.
@@ -122,13 +112,13 @@ try {
 
   // 4. The drain over the following DRAIN_S seconds.
   const d0 = Date.now();
-  const drainStart = await sinkCount();
+  const drainStart = await sink.count();
   last = { at: d0, sink: drainStart };
   while (Date.now() - d0 < DRAIN_S * 1000) {
     await new Promise((r) => setTimeout(r, 1000));
     last = await sample('drain', d0, last);
   }
-  const drained = (await sinkCount()) - drainStart;
+  const drained = (await sink.count()) - drainStart;
   const drainRate = drained / ((Date.now() - d0) / 1000);
   const probeMs = probeAt === undefined ? undefined : probeAt - probeSent;
 
@@ -145,6 +135,6 @@ try {
 } finally {
   if (api) await stop(api);
   if (worker) await stop(worker);
-  sink.send('stop');
+  sink.stop();
   await bench.dispose();
 }

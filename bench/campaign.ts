@@ -1,12 +1,11 @@
-import { fork, type ChildProcess } from 'node:child_process';
-import { readFile } from 'node:fs/promises';
+import type { ChildProcess } from 'node:child_process';
 import nodemailer from 'nodemailer';
 import { buildApp } from '../src/api/app.js';
 import { renderCampaignTemplate } from '../src/shared/campaigns/content.js';
 import { dkimOptionsFor } from '../src/shared/domains/dkim.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
 import { createSenderRow, seedSubscribers } from '../test/helpers/campaigns.js';
-import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
+import { createBenchEnv, fmt, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:campaign`: N SUBSCRIBED subscribers (default 100,000), one campaign sent
 // now, the smtp transport to a local sink (its own process). Measures the fan-out (all rows
@@ -18,15 +17,9 @@ const DIRECT = Math.min(TOTAL, 20_000);
 const DIRECT_CONCURRENCY = 64;
 const MAX_CONNECTIONS = 8;
 
-const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
-const sinkCount = () =>
-  new Promise<number>((resolve) => {
-    sink.once('message', (m: { count: number }) => resolve(m.count));
-    sink.send('count');
-  });
+const sink = await startSinkProcess();
 
-const bench = await createBenchEnv('campaign', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl });
+const bench = await createBenchEnv('campaign', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url });
 const app = await buildApp(bench.services);
 await app.ready();
 const auth = { authorization: `Bearer ${bench.token}` };
@@ -59,11 +52,9 @@ try {
   let peakRss = 0;
   let fanOutPeakRss = 0;
   let fanOutDone = false;
-  const rssOf = (pid: number | undefined) =>
-    readFile(`/proc/${pid}/status`, 'utf8').then((s) => Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024, () => 0);
   const rssTimer = setInterval(() => {
-    void rssOf(worker!.pid).then((rss) => (peakRss = Math.max(peakRss, rss)));
-    void rssOf(fanOutWorker!.pid).then((rss) => (fanOutPeakRss = Math.max(fanOutPeakRss, rss)));
+    void rssOf(worker!.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
+    void rssOf(fanOutWorker!.pid!).then((rss) => (fanOutPeakRss = Math.max(fanOutPeakRss, rss)));
   }, 100);
   await new Promise((r) => setTimeout(r, 3_000)); // worker start-up
 
@@ -95,7 +86,7 @@ try {
       });
       transactional = { id: res.json().id, at: Date.now(), sentCount: c!.emails_sent_count };
     }
-    const received = await sinkCount();
+    const received = await sink.count();
     if (received >= TOTAL + (transactional ? 1 : 0) && fanOutDone) {
       lastMs = Date.now() - started;
       break;
@@ -118,7 +109,7 @@ try {
   const template = renderCampaignTemplate({ contentType: 'MARKDOWN', content: CONTENT, subject: 'News for {{name}}', preview: null });
   // With BENCH_DKIM, the baseline signs with the same key (nodemailer, single-threaded).
   const dkim = process.env.BENCH_DKIM ? ((await dkimOptionsFor(() => em.fork(), bench.services.box, bench.organizationId, 'acme.test', bench.services.dkimKeys)) ?? undefined) : undefined;
-  const transport = nodemailer.createTransport({ ...smtpConnection(sinkUrl), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity, dkim });
+  const transport = nodemailer.createTransport({ ...smtpConnection(sink.url), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity, dkim });
   let next = 0;
   const directCpu = process.cpuUsage();
   const directStarted = Date.now();
@@ -146,7 +137,7 @@ try {
 } finally {
   if (worker) await stop(worker);
   if (fanOutWorker) await stop(fanOutWorker);
-  sink.send('stop');
+  sink.stop();
   await app.close();
   await bench.dispose();
 }

@@ -1,11 +1,11 @@
-import { fork, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import nodemailer from 'nodemailer';
 import { newEmailFromBody, SendEmailBody } from '../src/shared/emails/input.js';
 import { renderEmail } from '../src/shared/emails/render.js';
 import { insertEmails, sendJob } from '../src/shared/emails/service.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
-import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
+import { cpuMsOf, createBenchEnv, fmt, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:deliver`: N queued emails through a worker process (render, claim, send
 // over pooled SMTP, record) to a local SMTP sink, against nodemailer sending the same
@@ -14,15 +14,9 @@ const TOTAL = Number(process.env.BENCH_EMAILS ?? 20_000);
 const DIRECT_CONCURRENCY = 64;
 const MAX_CONNECTIONS = 16; // as the service's SMTP pool
 
-const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
-const sinkCount = () =>
-  new Promise<number>((resolve) => {
-    sink.once('message', (m: { count: number }) => resolve(m.count));
-    sink.send('count');
-  });
+const sink = await startSinkProcess();
 
-const bench = await createBenchEnv('deliver', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl, WORKER_QUEUES: 'emails' });
+const bench = await createBenchEnv('deliver', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, WORKER_QUEUES: 'emails' });
 const body = SendEmailBody.parse({
   from: 'Acme <receipts@acme.test>',
   to: 'user@example.com',
@@ -50,27 +44,17 @@ try {
     Array.from({ length: WORKERS }, () => spawnService('src/workers/main.ts', { ...bench.env, SMTP_MAX_CONNECTIONS: String(Math.max(1, Math.round(MAX_CONNECTIONS / WORKERS))) })),
   );
   const rssTimer = setInterval(() => {
-    for (const worker of workers) {
-      readFile(`/proc/${worker.pid}/status`, 'utf8').then(
-        (s) => (peakRss = Math.max(peakRss, Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024)),
-        () => {},
-      );
-    }
+    for (const worker of workers) void rssOf(worker.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
   }, 200);
-  const workersCpuMs = async () => (await Promise.all(workers.map((w) => cpuMs(w.pid!)))).reduce((a, b) => a + b, 0);
-  const cpuMs = async (pid: number) => {
-    // utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks of 10 ms.
-    const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-    return (Number(stat[11]) + Number(stat[12])) * 10;
-  };
+  const workersCpuMs = async () => (await Promise.all(workers.map((w) => cpuMsOf(w.pid!)))).reduce((a, b) => a + b, 0);
   // The PostgreSQL backends serving the worker (PostgreSQL runs on this host) and the sink:
   // their CPU an email too, since they share the cores with the worker.
   const otherCpuMs = async () => {
     const backends = await em.execute<{ pid: number }[]>(`select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()`);
-    const pids = new Map<string, number>([['sink', sink.pid!], ...backends.map((b) => [`pg${b.pid}`, b.pid] as [string, number])]);
+    const pids = new Map<string, number>([['sink', sink.proc.pid!], ...backends.map((b) => [`pg${b.pid}`, b.pid] as [string, number])]);
     const [stats] = await em.execute<{ commits: string }[]>(`select xact_commit as commits from pg_stat_database where datname = current_database()`);
     const out = new Map<string, number>([['commits', Number(stats!.commits)]]);
-    for (const [name, pid] of pids) out.set(name, await cpuMs(pid).catch(() => 0));
+    for (const [name, pid] of pids) out.set(name, await cpuMsOf(pid));
     return out;
   };
   const started = Date.now();
@@ -99,13 +83,13 @@ try {
   const workerRate = Number(span!.sent) / seconds;
   await Promise.all(workers.map((w) => stop(w)));
   workers = [];
-  const received = await sinkCount();
+  const received = await sink.count();
 
   // 2. nodemailer straight to the same sink, the same message pre-rendered: run after the
   // workers and again after a pause, and averaged, since the machine's load drifts.
   const rendered = renderEmail({ contentKind: 'markdown', content: body.markdown!, subject: body.subject, preview: body.preview });
   const direct = async () => {
-    const transport = nodemailer.createTransport({ ...smtpConnection(sinkUrl), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity });
+    const transport = nodemailer.createTransport({ ...smtpConnection(sink.url), pool: true, maxConnections: MAX_CONNECTIONS, maxMessages: Infinity });
     let next = 0;
     const cpu = process.cpuUsage();
     const t0 = Date.now();
@@ -138,6 +122,6 @@ try {
   console.log(`ratio workers / direct: ${fmt(workerRate / directRate, 2)} (target >= 0.6)`);
 } finally {
   await Promise.all(workers.map((w) => stop(w)));
-  sink.send('stop');
+  sink.stop();
   await bench.dispose();
 }

@@ -1,4 +1,5 @@
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { loadConfig, type Config } from '../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
@@ -92,7 +93,13 @@ export async function createBenchEnv(name: string, overrides: Record<string, str
 /** Runs a script of the service (`src/...`) as a child process with the bench environment. */
 let built = false;
 
-export async function spawnService(script: string, env: Record<string, string>, readyUrl?: string): Promise<ChildProcess> {
+export async function spawnService(
+  script: string,
+  env: Record<string, string>,
+  readyUrl?: string,
+  // detached: a process group of its own (bench:kill SIGKILLs the group); quiet: no output.
+  options: { detached?: boolean; quiet?: boolean } = {},
+): Promise<ChildProcess> {
   // BENCH_PROFILE=dir writes a V8 CPU profile of the child there (open in Chrome DevTools).
   const profile = process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : [];
   // Services run as production runs them: compiled by `npm run build` and started by node
@@ -106,7 +113,8 @@ export async function spawnService(script: string, env: Record<string, string>, 
   const flags = process.env.BENCH_NODE_FLAGS ? process.env.BENCH_NODE_FLAGS.split(/\s+/).filter(Boolean) : [];
   const child = spawn(process.execPath, [...profile, ...flags, ...entry], {
     env: { ...process.env, ...env },
-    stdio: ['ignore', 'inherit', 'inherit'],
+    stdio: options.quiet ? 'ignore' : ['ignore', 'inherit', 'inherit'],
+    detached: options.detached,
   });
   if (readyUrl) {
     const started = Date.now();
@@ -132,13 +140,75 @@ export async function stop(child: ChildProcess): Promise<void> {
   });
 }
 
+/**
+ * A helper script of bench/ (`./smtp-sink-process.ts`, `./webhook-receiver-process.ts`) in a
+ * process of its own, so it does not share a core with what is measured: forked through tsx
+ * with an IPC channel; it reports its URL first, then answers the messages it is sent.
+ */
+export interface HelperProcess {
+  proc: ChildProcess;
+  url: string;
+  /** Sends `what` and resolves with the first reply that has `key`. */
+  ask<T>(what: string, key: string): Promise<T>;
+  stop(): void;
+}
+
+export async function startHelperProcess(script: string): Promise<HelperProcess> {
+  const proc = fork(new URL(script, import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const url = await new Promise<string>((resolve, reject) => {
+    proc.once('message', (m: { url: string }) => resolve(m.url));
+    proc.once('exit', (code) => reject(new Error(`${script} exited (${code}) before reporting its URL`)));
+  });
+  return {
+    proc,
+    url,
+    ask: <T>(what: string, key: string) =>
+      new Promise<T>((resolve) => {
+        const onMessage = (m: Record<string, unknown>) => {
+          if (!(key in m)) return;
+          proc.off('message', onMessage);
+          resolve(m[key] as T);
+        };
+        proc.on('message', onMessage);
+        proc.send(what);
+      }),
+    stop: () => {
+      if (proc.connected) proc.send('stop');
+    },
+  };
+}
+
+/** The local SMTP sink (bench/smtp-sink-process.ts) and the messages it accepted so far. */
+export async function startSinkProcess(): Promise<HelperProcess & { count(): Promise<number> }> {
+  const sink = await startHelperProcess('./smtp-sink-process.ts');
+  return { ...sink, count: () => sink.ask<number>('count', 'count') };
+}
+
+/**
+ * CPU time (user + system, ms) a process has used: fields 14 and 15 of /proc/PID/stat, in
+ * clock ticks of 10 ms; 0 once it has exited.
+ */
+export async function cpuMsOf(pid: number): Promise<number> {
+  try {
+    const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
+    return (Number(stat[11]) + Number(stat[12])) * 10;
+  } catch {
+    return 0;
+  }
+}
+
+/** Resident set size (bytes) of a process: VmRSS of /proc/PID/status; 0 once it has exited. */
+export async function rssOf(pid: number): Promise<number> {
+  return readFile(`/proc/${pid}/status`, 'utf8').then((s) => Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024, () => 0);
+}
+
 export const fmt = (n: number, digits = 0) => n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });
 
 /**
- * `count` sent emails of the benchmark's organization, each with one tracked link: the
- * paths of their open pixels and click redirects (tracking benchmarks).
+ * `count` emails of the benchmark's organization marked sent, to `reader{i}@example.com`
+ * from news@bench.test, with `content` as HTML and `{id}@bench.test` as Message-ID: their ids.
  */
-export async function seedTrackedEmails(bench: BenchEnv, count: number): Promise<{ opens: string[]; clicks: string[] }> {
+export async function seedSentEmails(bench: BenchEnv, count: number, content: string): Promise<string[]> {
   const { services } = bench;
   const ids = await insertEmails(
     services.orm.em.fork(),
@@ -148,12 +218,22 @@ export async function seedTrackedEmails(bench: BenchEnv, count: number): Promise
       to: `reader${i}@example.com`,
       subject: 'Bench',
       contentKind: 'html' as const,
-      content: '<p><a href="https://bench.test/offer">offer</a></p>',
+      content,
     })),
   );
   await services.orm.em.fork().execute(`update emails set status = 'sent', message_id = id || '@bench.test', sent_at = now()`, [], 'run');
+  return ids;
+}
+
+/**
+ * `count` sent emails of the benchmark's organization, each with one tracked link: the
+ * paths of their open pixels and click redirects (tracking benchmarks).
+ */
+export async function seedTrackedEmails(bench: BenchEnv, count: number): Promise<{ opens: string[]; clicks: string[] }> {
+  const { signer } = bench.services;
+  const ids = await seedSentEmails(bench, count, '<p><a href="https://bench.test/offer">offer</a></p>');
   return {
-    opens: ids.map((id) => `/t/o/${openToken(services.signer, id)}.gif`),
-    clicks: ids.map((id) => `/t/c/${clickToken(services.signer, id, 0, 'https://bench.test/offer?utm_source=mailroom&utm_medium=email')}`),
+    opens: ids.map((id) => `/t/o/${openToken(signer, id)}.gif`),
+    clicks: ids.map((id) => `/t/c/${clickToken(signer, id, 0, 'https://bench.test/offer?utm_source=mailroom&utm_medium=email')}`),
   };
 }

@@ -12,9 +12,8 @@ import { readFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { loadavg } from 'node:os';
 import { startInbound } from '../src/inbound/server.js';
-import { insertEmails } from '../src/shared/emails/service.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
-import { createBenchEnv, fmt, freePort, spawnService, stop } from './harness.js';
+import { createBenchEnv, fmt, freePort, seedSentEmails, spawnService, stop } from './harness.js';
 
 const COUNT = Number(process.env.BENCH_INBOUND_COUNT ?? 10_000);
 const CONNECTIONS = 4;
@@ -23,18 +22,7 @@ const BOUNCE_DOMAIN = 'bounces.bench.test';
 const bench = await createBenchEnv('inbound', { BOUNCE_DOMAIN });
 const { services } = bench;
 try {
-  const ids = await insertEmails(
-    services.orm.em.fork(),
-    Array.from({ length: COUNT }, (_, i) => ({
-      organizationId: bench.organizationId,
-      from: 'news@bench.test',
-      to: `reader${i}@example.com`,
-      subject: 'Bench',
-      contentKind: 'html' as const,
-      content: '<p>Hello</p>',
-    })),
-  );
-  await services.orm.em.fork().execute(`update emails set status = 'sent', message_id = id || '@bench.test', sent_at = now()`, [], 'run');
+  const ids = await seedSentEmails(bench, COUNT, '<p>Hello</p>');
   const template = readFileSync(new URL('../test/fixtures/bounces/postfix-dsn.eml', import.meta.url), 'utf8').replace(/\r?\n/g, '\r\n');
   const reports = ids.map((id, i) => {
     const returnPath = services.returnPaths.address(id, BOUNCE_DOMAIN);

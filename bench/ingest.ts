@@ -1,14 +1,12 @@
 import autocannon, { type Result } from 'autocannon';
-import { execFile, fork, spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { execFile, type ChildProcess } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
-import { createBenchEnv, fmt, freePort, spawnService, stop } from './harness.js';
+import { cpuMsOf, createBenchEnv, fmt, freePort, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:ingest`: accepted sends a second through POST /api/v2/emails against
 // GET /healthz of the same server in the same run, then batch throughput (100 a call).
-// The API runs in a child process (through tsx, as `npm start` runs it) and, unless
+// The API runs in a child process (compiled, as `npm start` runs it: bench/harness.ts) and, unless
 // BENCH_WORKERS=0, a worker process delivers the accepted mail over SMTP to a local sink
 // while the sends come in, as in production. For every phase the CPU time of each process
 // (API, worker, the PostgreSQL backends serving each, Redis, the sink) is divided by the
@@ -22,32 +20,12 @@ const ONLY = process.env.BENCH_ONLY;
 const skip = (phase: string) => ONLY !== undefined && ONLY !== phase;
 const exec = promisify(execFile);
 
-const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
-const bench = await createBenchEnv('ingest', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl, WORKER_QUEUES: 'emails' });
+const sink = await startSinkProcess();
+const bench = await createBenchEnv('ingest', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, WORKER_QUEUES: 'emails' });
 const port = await freePort();
 const base = `http://127.0.0.1:${port}`;
-// BENCH_API=compiled: the API compiled by tsc (into a temporary directory) and run by node,
-// as a deployment would; otherwise through tsx, as `npm start`.
-const COMPILED = process.env.BENCH_API === 'compiled';
-const api = COMPILED ? await spawnCompiledApi() : await spawnService('src/api/server.ts', { ...bench.env, PORT: String(port) }, `${base}/healthz`);
-
-async function spawnCompiledApi(): Promise<ChildProcess> {
-  const out = await mkdtemp(join(tmpdir(), 'mailroom-bench-'));
-  await exec(process.execPath, ['node_modules/typescript/bin/tsc', '-p', '.', '--noEmit', 'false', '--outDir', out]);
-  // The compiled files resolve their packages from the checkout's node_modules.
-  await symlink(resolve('node_modules'), join(out, 'node_modules'));
-  await writeFile(join(out, 'package.json'), await readFile('package.json'));
-  // BENCH_API_FLAGS: node flags for the compiled API, e.g. --max-semi-space-size=4.
-  const flags = (process.env.BENCH_API_FLAGS ?? '').split(' ').filter(Boolean);
-  const child = spawn(process.execPath, [...flags, join(out, 'src/api/server.js')], { env: { ...process.env, ...bench.env, PORT: String(port) }, stdio: ['ignore', 'inherit', 'inherit'] });
-  child.once('exit', () => void rm(out, { recursive: true, force: true }));
-  for (let started = Date.now(); ; await new Promise((r) => setTimeout(r, 100))) {
-    if (await fetch(`${base}/healthz`).then((r) => r.ok, () => false)) return child;
-    if (Date.now() - started > 30_000) throw new Error('the compiled API did not start');
-  }
-}
-const idleRss = Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${api.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+const api = await spawnService('src/api/server.ts', { ...bench.env, PORT: String(port) }, `${base}/healthz`);
+const idleRss = await rssOf(api.pid!);
 console.log(`API RSS once started: ${fmt(idleRss / 1024 / 1024)} MiB`);
 const workers: ChildProcess[] = [];
 for (let i = 0; i < WORKERS; i++) workers.push(await spawnService('src/workers/main.ts', bench.env));
@@ -67,21 +45,9 @@ const batchBody = JSON.stringify(Array.from({ length: 100 }, (_, i) => one(i)));
 
 let peakRss = 0;
 const rssTimer = setInterval(() => {
-  readFile(`/proc/${api.pid}/status`, 'utf8').then(
-    (s) => (peakRss = Math.max(peakRss, Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024)),
-    () => {},
-  );
+  void rssOf(api.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
 }, 100);
 
-/** utime + stime of a process in ms (fields 14 and 15 of /proc/PID/stat, 10 ms ticks). */
-async function cpuMs(pid: number): Promise<number> {
-  try {
-    const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-    return (Number(stat[11]) + Number(stat[12])) * 10;
-  } catch {
-    return 0;
-  }
-}
 
 /**
  * CPU so far of every process involved. A PostgreSQL backend is charged to the process
@@ -100,11 +66,11 @@ async function snapshot(): Promise<Map<string, number>> {
   const role = (pid: number | undefined) => (pid === api.pid ? 'api' : workers.some((w) => w.pid === pid) ? 'worker' : 'bench');
   const out = new Map<string, number>();
   const add = (key: string, ms: number) => out.set(key, (out.get(key) ?? 0) + ms);
-  add('api', await cpuMs(api.pid!));
-  for (const w of workers) add('worker', await cpuMs(w.pid!));
-  add('redis', await cpuMs(redisPid));
-  add('sink', await cpuMs(sink.pid!));
-  for (const b of backends) add(`pg:${role(owners.get(b.port))}`, await cpuMs(b.pid));
+  add('api', await cpuMsOf(api.pid!));
+  for (const w of workers) add('worker', await cpuMsOf(w.pid!));
+  add('redis', await cpuMsOf(redisPid));
+  add('sink', await cpuMsOf(sink.proc.pid!));
+  for (const b of backends) add(`pg:${role(owners.get(b.port))}`, await cpuMsOf(b.pid));
   return out;
 }
 
@@ -118,7 +84,7 @@ async function run(title: string, perCall: number, options: autocannon.Options):
   const sentBefore = WORKERS ? await delivered() : 0;
   const result = await autocannon({ connections: CONNECTIONS, duration: DURATION, ...options, url: `${base}${options.url ?? ''}` });
   const after = await snapshot();
-  const rss = Number(/VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${api.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+  const rss = await rssOf(api.pid!);
   const metrics = await (await fetch(`${base}/metrics`)).text();
   const gauge = (name: string) => fmt(Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)`, 'm').exec(metrics)?.[1] ?? 0) / 1024 / 1024);
   const heap = `heap used ${gauge('nodejs_heap_size_used_bytes')} of ${gauge('nodejs_heap_size_total_bytes')} MiB, external ${gauge('nodejs_external_memory_bytes')} MiB`;
@@ -166,7 +132,7 @@ try {
   console.log(`ratio to GET /healthz (${fmt(health.rate)} /s): ${fmt(single.rate / health.rate, 2)}`);
   console.log(`with an Idempotency-Key: ${fmt(keyed.rate)} /s, p99 ${keyed.result.latency.p99} ms (${fmt(keyed.rate / single.rate, 2)} of without)`);
   console.log(`batch: ${fmt(batch.rate)} emails/s with 100 a call (target >= 30,000), p99 ${batch.result.latency.p99} ms`);
-  console.log(`API peak RSS: ${fmt(peakRss / 1024 / 1024)} MiB (target <= 150 MiB; run ${COMPILED ? `compiled by tsc, by node ${process.env.BENCH_API_FLAGS ?? ''}` : 'through tsx'})`);
+  console.log(`API peak RSS: ${fmt(peakRss / 1024 / 1024)} MiB (target <= 150 MiB; run ${process.env.BENCH_TSX ? 'through tsx' : 'compiled (dist/), by node'}${process.env.BENCH_NODE_FLAGS ? ` ${process.env.BENCH_NODE_FLAGS}` : ''})`);
   const [load] = (await readFile('/proc/loadavg', 'utf8')).split(' ');
   console.log(`load average at the end: ${load} (2 cores)`);
   const [row] = await em.execute<{ n: string }[]>('select count(*) as n from emails');
@@ -175,6 +141,6 @@ try {
   clearInterval(rssTimer);
   for (const w of workers) await stop(w);
   await stop(api);
-  sink.send('stop');
+  sink.stop();
   await bench.dispose();
 }

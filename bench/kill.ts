@@ -1,10 +1,10 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { buildApp } from '../src/api/app.js';
 import { UNCERTAIN_REASON } from '../src/shared/emails/deliver.js';
 import { createSenderRow, seedSubscribers } from '../test/helpers/campaigns.js';
 import { startCountingSink } from '../test/helpers/counting-sink.js';
-import { createBenchEnv, fmt } from './harness.js';
+import { createBenchEnv, fmt, spawnService } from './harness.js';
 
 // `npm run bench:kill`: the fault run of docs/operations.md ("Killing a process"). For a
 // relay answering in 2 ms, then in 20 ms: a 2,000-email batch (20 calls of 100) and a
@@ -28,12 +28,8 @@ const sql = <T>(query: string, params: unknown[] = []) => em.fork().execute(quer
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const children = new Set<ChildProcess>();
 
-function startWorker(smtpUrl: string): ChildProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/workers/main.ts'], {
-    env: { ...process.env, ...bench.env, MAIL_TRANSPORT: 'smtp', SMTP_URL: smtpUrl, LOG_LEVEL: 'error' },
-    stdio: 'ignore',
-    detached: true,
-  });
+async function startWorker(smtpUrl: string): Promise<ChildProcess> {
+  const child = await spawnService('src/workers/main.ts', { ...bench.env, MAIL_TRANSPORT: 'smtp', SMTP_URL: smtpUrl, LOG_LEVEL: 'error' }, undefined, { detached: true, quiet: true });
   children.add(child);
   child.once('exit', () => children.delete(child));
   return child;
@@ -87,7 +83,7 @@ try {
     const total = BATCH + AUDIENCE;
 
     const perKill: { atSink: number; sending: number; uncertain: number; acceptedUnrecorded: number }[] = [];
-    let worker = startWorker(sink.url);
+    let worker = await startWorker(sink.url);
     for (let k = 0; k < KILLS; k++) {
       // A random moment once this worker is handing mail over.
       const from = sink.accepted;
@@ -102,7 +98,7 @@ try {
       const [row] = await sql<{ n: number }>(`select count(*)::int as n from emails where organization_id = ? and status = 'sending'`, [organizationId]);
       perKill.push({ atSink: sink.accepted, sending: row!.n, uncertain: values.filter((v) => v.startsWith(`dot:${pid}-`)).length, acceptedUnrecorded: values.filter((v) => v.startsWith('accepted:')).length });
       await sleep(RESTART_MS);
-      worker = startWorker(sink.url);
+      worker = await startWorker(sink.url);
     }
     const restarted = Date.now();
     let settledMs: number | undefined;

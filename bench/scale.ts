@@ -1,8 +1,8 @@
-import { fork, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { readdir, readFile } from 'node:fs/promises';
 import { newEmailFromBody, SendEmailBody } from '../src/shared/emails/input.js';
 import { insertEmails, sendJob } from '../src/shared/emails/service.js';
-import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
+import { createBenchEnv, fmt, spawnService, stop, startSinkProcess } from './harness.js';
 
 // `npm run bench:scale`: delivery throughput to a local SMTP sink (a process of its own)
 // with 1 worker process, then with 2, in the same run: BENCH_EMAILS queued emails each
@@ -10,15 +10,9 @@ import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
 // what bounds the second worker (the machine's cores, PostgreSQL, the sink).
 const TOTAL = Number(process.env.BENCH_EMAILS ?? 10_000);
 
-const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
-const sinkCount = () =>
-  new Promise<number>((resolve) => {
-    sink.once('message', (m: { count: number }) => resolve(m.count));
-    sink.send('count');
-  });
+const sink = await startSinkProcess();
 
-const bench = await createBenchEnv('scale', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl, WORKER_QUEUES: 'emails' });
+const bench = await createBenchEnv('scale', { MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, WORKER_QUEUES: 'emails' });
 const body = SendEmailBody.parse({
   from: 'Acme <receipts@acme.test>',
   to: 'user@example.com',
@@ -83,7 +77,7 @@ async function run(workers: number): Promise<Run> {
   }
   seeded += TOTAL;
   await em.execute(`vacuum analyze emails`);
-  const sentBefore = await sinkCount();
+  const sentBefore = await sink.count();
 
   // The worker processes' start-up (tsx, imports, connections) is not measured: they start
   // on the paused queue, and the clocks start when it is resumed.
@@ -97,7 +91,7 @@ async function run(workers: number): Promise<Run> {
   // databases' backends on the same server are not counted.
   const postgres = (await em.execute<{ pid: number }[]>(`select pid from pg_stat_activity where datname = current_database()`)).map((r) => Number(r.pid));
   const redis = await pidsNamed('redis-server');
-  const before = { workers: await ticksOf(children.map((c) => c.pid!)), pg: await ticksOf(postgres), redis: await ticksOf(redis), sink: await ticks(sink.pid!), machine: await machineTicks() };
+  const before = { workers: await ticksOf(children.map((c) => c.pid!)), pg: await ticksOf(postgres), redis: await ticksOf(redis), sink: await ticks(sink.proc.pid!), machine: await machineTicks() };
   await queue.resume();
   const started = Date.now();
   for (;;) {
@@ -107,7 +101,7 @@ async function run(workers: number): Promise<Run> {
     await new Promise((r) => setTimeout(r, 100));
   }
   const workerTicks = (await ticksOf(children.map((c) => c.pid!))) - before.workers;
-  const after = { pg: await ticksOf(postgres), redis: await ticksOf(redis), sink: await ticks(sink.pid!), machine: await machineTicks() };
+  const after = { pg: await ticksOf(postgres), redis: await ticksOf(redis), sink: await ticks(sink.proc.pid!), machine: await machineTicks() };
   await Promise.all(children.map(stop));
   children = [];
 
@@ -117,7 +111,7 @@ async function run(workers: number): Promise<Run> {
     [TOTAL],
   );
   const seconds = (new Date(span!.last).getTime() - new Date(span!.first).getTime()) / 1000;
-  const received = (await sinkCount()) - sentBefore;
+  const received = (await sink.count()) - sentBefore;
   if (received !== TOTAL) console.warn(`warning: the sink received ${received} of ${TOTAL}`);
   const machineShare = (after.machine.busy - before.machine.busy) / (after.machine.total - before.machine.total);
   const perEmail = (t: number) => ((t / 100) * 1000) / TOTAL; // ms of CPU an email
@@ -164,6 +158,6 @@ try {
   );
 } finally {
   await Promise.all(children.map(stop));
-  sink.send('stop');
+  sink.stop();
   await bench.dispose();
 }

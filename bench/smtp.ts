@@ -1,9 +1,9 @@
-import { fork, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { connect } from 'node:net';
 import { loadavg } from 'node:os';
 import nodemailer from 'nodemailer';
-import { createBenchEnv, fmt, freePort, spawnService, stop } from './harness.js';
+import { createBenchEnv, fmt, freePort, spawnService, stop, startSinkProcess } from './harness.js';
 
 // `npm run bench:smtp`: messages accepted a second by the SMTP submission listener (its own
 // process, Procfile role `smtp`) from nodemailer's pooled client over 8 connections, each
@@ -14,18 +14,12 @@ const TOTAL = Number(process.env.BENCH_MESSAGES ?? 1_000);
 const CONNECTIONS = 8;
 const CONCURRENCY = 32;
 
-const sink = fork(new URL('./smtp-sink-process.ts', import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const sinkUrl = await new Promise<string>((resolve) => sink.once('message', (m: { url: string }) => resolve(m.url)));
-const sinkCount = () =>
-  new Promise<number>((resolve) => {
-    sink.once('message', (m: { count: number }) => resolve(m.count));
-    sink.send('count');
-  });
+const sink = await startSinkProcess();
 
 const port = await freePort();
 const bench = await createBenchEnv('smtp', {
   MAIL_TRANSPORT: 'smtp',
-  SMTP_URL: sinkUrl,
+  SMTP_URL: sink.url,
   WORKER_QUEUES: 'emails',
   // Plain-text AUTH on loopback, as in development; TLS would cost both sides the same.
   NODE_ENV: 'development',
@@ -81,7 +75,7 @@ let listener: ChildProcess | undefined;
 let worker: ChildProcess | undefined;
 try {
   console.log(`load average at start: ${loadavg().map((l) => l.toFixed(1)).join(' ')}`);
-  const sinkPort = Number(new URL(sinkUrl).port);
+  const sinkPort = Number(new URL(sink.url).port);
   const bare = [await run({ port: sinkPort }, 'bare smtp-server (discards)')];
 
   listener = await spawnService('src/smtp/main.ts', bench.env);
@@ -95,11 +89,11 @@ try {
   const acceptedRate = accepted[0]!;
 
   // End to end: a worker process delivers the accepted messages to the sink.
-  const before = await sinkCount();
+  const before = await sink.count();
   const t0 = Date.now();
   worker = await spawnService('src/workers/main.ts', bench.env);
   for (;;) {
-    if ((await sinkCount()) - before >= TOTAL + WARM_UP) break;
+    if ((await sink.count()) - before >= TOTAL + WARM_UP) break;
     if (Date.now() - t0 > 300_000) throw new Error('the worker did not deliver everything in 5 minutes');
     await new Promise((r) => setTimeout(r, 100));
   }
@@ -114,6 +108,6 @@ try {
 } finally {
   if (worker) await stop(worker);
   if (listener) await stop(listener);
-  sink.send('stop');
+  sink.stop();
   await bench.dispose();
 }

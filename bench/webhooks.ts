@@ -1,4 +1,4 @@
-import { fork, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { Agent, request } from 'undici';
 import { newEmailFromBody, SendEmailBody } from '../src/shared/emails/input.js';
@@ -7,7 +7,7 @@ import { createOrganization } from '../src/shared/organizations/service.js';
 import { recordEmailEvents } from '../src/shared/webhooks/queries.js';
 import { createWebhook } from '../src/shared/webhooks/service.js';
 import { webhookHeaders } from '../src/shared/webhooks/signer.js';
-import { createBenchEnv, fmt, spawnService, stop } from './harness.js';
+import { cpuMsOf, createBenchEnv, fmt, spawnService, startHelperProcess, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:webhooks`, three parts:
 // 1. a burst of EVENTS email events to 2 endpoints of a local receiver that answers 200 at
@@ -24,34 +24,13 @@ const SEND_RUNS = Number(process.env.BENCH_SEND_RUNS ?? 2);
 // BENCH_PARTS=3 runs only the send-path part, BENCH_PARTS=1,2 only the delivery parts.
 const PARTS = new Set((process.env.BENCH_PARTS ?? '1,2,3').split(',').map((p) => Number(p.trim())));
 
-function child(script: string): { proc: ChildProcess; ready: Promise<string>; ask<T>(what: string): Promise<T> } {
-  const proc = fork(new URL(script, import.meta.url).pathname, [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-  const ready = new Promise<string>((resolve) => proc.once('message', (m: { url: string }) => resolve(m.url)));
-  return {
-    proc,
-    ready,
-    ask: <T>(what: string) =>
-      new Promise<T>((resolve) => {
-        proc.once('message', (m) => resolve(m as T));
-        proc.send(what);
-      }),
-  };
-}
+const receiver = await startHelperProcess('./webhook-receiver-process.ts');
+const sink = await startSinkProcess();
 
-const receiver = child('./webhook-receiver-process.ts');
-const receiverUrl = await receiver.ready;
-const sink = child('./smtp-sink-process.ts');
-const sinkUrl = await sink.ready;
-
-const bench = await createBenchEnv('webhooks', { WEBHOOK_ALLOW_PRIVATE_URLS: 'true', MAIL_TRANSPORT: 'smtp', SMTP_URL: sinkUrl });
+const bench = await createBenchEnv('webhooks', { WEBHOOK_ALLOW_PRIVATE_URLS: 'true', MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url });
 const em = bench.services.orm.em.fork();
 const deps = { em, box: bench.services.box, dns: bench.services.dns, allowPrivateUrls: true };
 const body = SendEmailBody.parse({ from: 'Acme <receipts@acme.test>', to: 'user@example.com', subject: 'Your receipt', markdown: '# Thanks\n\nYour receipt **#1234** is ready.' });
-const cpuOf = async (pid: number) => {
-  // utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks of 10 ms.
-  const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-  return (Number(stat[11]) + Number(stat[12])) * 10;
-};
 const load = async () => (await readFile('/proc/loadavg', 'utf8')).split(' ').slice(0, 3).join(' ');
 
 async function seedEmails(organizationId: string, count: number): Promise<string[]> {
@@ -99,7 +78,7 @@ async function raw(paths: string[], perPath: number): Promise<number> {
         Array.from({ length: 16 }, async () => {
           while (next < perPath) {
             next++;
-            const res = await request(`${receiverUrl}${path}`, { dispatcher: agent, method: 'POST', body: text, headers: { ...webhookHeaders('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', sample!.id, text, new Date()), 'content-type': 'application/json' } });
+            const res = await request(`${receiver.url}${path}`, { dispatcher: agent, method: 'POST', body: text, headers: { ...webhookHeaders('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', sample!.id, text, new Date()), 'content-type': 'application/json' } });
             await res.body.dump();
           }
         }),
@@ -115,8 +94,8 @@ let worker: ChildProcess | undefined;
 try {
   // ---- 1. Two endpoints answering at once.
   if (PARTS.has(1) || PARTS.has(2)) {
-  const a = await createWebhook(deps, bench.organizationId, { url: `${receiverUrl}/a`, events: ['email.sent'] });
-  const b = await createWebhook(deps, bench.organizationId, { url: `${receiverUrl}/b`, events: ['email.sent'] });
+  const a = await createWebhook(deps, bench.organizationId, { url: `${receiver.url}/a`, events: ['email.sent'] });
+  const b = await createWebhook(deps, bench.organizationId, { url: `${receiver.url}/b`, events: ['email.sent'] });
   const ids = await seedEmails(bench.organizationId, EVENTS);
   // Only their events are measured here: the emails themselves are never sent.
   await em.execute(`update emails set status = 'failed', failure_reason = 'bench'`);
@@ -135,7 +114,7 @@ try {
 
   // ---- 2. A third endpoint that takes 10 s an answer.
   await em.execute('delete from webhook_messages');
-  const slow = await createWebhook(deps, bench.organizationId, { url: `${receiverUrl}/slow`, events: ['email.sent'] });
+  const slow = await createWebhook(deps, bench.organizationId, { url: `${receiver.url}/slow`, events: ['email.sent'] });
   await seedEvents(ids);
   worker = await spawnService('src/workers/main.ts', { ...bench.env, WORKER_QUEUES: 'webhooks' });
   const withSlow = await deliveredRate([a.id, b.id], 2 * EVENTS);
@@ -150,7 +129,7 @@ try {
   if (SEND_RUNS > 0 && PARTS.has(3)) {
   const plain = await createOrganization(em, bench.services.box, { name: 'Plain', verifyQuota: 10 });
   const hooked = await createOrganization(em, bench.services.box, { name: 'Hooked', verifyQuota: 10 });
-  await createWebhook(deps, hooked.organization.id, { url: `${receiverUrl}/sent`, events: ['email.sent'] });
+  await createWebhook(deps, hooked.organization.id, { url: `${receiver.url}/sent`, events: ['email.sent'] });
   const sendRun = async (organizationId: string) => {
     const ids = await seedEmails(organizationId, SEND_EMAILS);
     await bench.services.producer.addBulk('emails', ids.map(sendJob));
@@ -166,14 +145,14 @@ try {
       for (;;) {
         const [row] = await em.execute<{ n: number }[]>(`select count(*)::int as n from emails where id = any(array(select jsonb_array_elements_text(?::jsonb))) and status in ('sent', 'failed')`, [JSON.stringify(ids)]);
         if (cpuAtFirst === undefined && row!.n > 0) {
-          cpuAtFirst = await cpuOf(w.pid!);
+          cpuAtFirst = await cpuMsOf(w.pid!);
           doneAtFirst = row!.n;
         }
         if (row!.n >= SEND_EMAILS) break;
         if (Date.now() - started > 600_000) throw new Error('send run did not finish in 10 minutes');
         await new Promise((r) => setTimeout(r, 200));
       }
-      cpuMs = ((await cpuOf(w.pid!)) - cpuAtFirst!) / Math.max(1, SEND_EMAILS - doneAtFirst);
+      cpuMs = ((await cpuMsOf(w.pid!)) - cpuAtFirst!) / Math.max(1, SEND_EMAILS - doneAtFirst);
     } finally {
       await stop(w);
     }
@@ -195,7 +174,7 @@ try {
   }
 } finally {
   if (worker) await stop(worker);
-  receiver.proc.send('stop');
-  sink.proc.send('stop');
+  receiver.stop();
+  sink.stop();
   await bench.dispose();
 }

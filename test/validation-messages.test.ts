@@ -26,6 +26,10 @@ describe('validation messages a person understands', () => {
     expect(wrongType.statusCode).toBe(422);
     expect(wrongType.json().message).toBe('name: must be a string, got a whole number');
     for (const res of [two, missing, wrongType]) expect(res.json().message).not.toMatch(/Invalid input/);
+    // A union names what its members accept (docs/foundation.md "Validation").
+    const union = await post('/emails', { from: 'a@acme.test', to: 42, subject: 'Hi', html: '<p>x</p>' });
+    expect(union.statusCode).toBe(422);
+    expect(union.json().message).toMatch(/^to: must be a string or a list, got a whole number/);
   });
 });
 
@@ -46,6 +50,20 @@ describe('unknown body fields: refused on every route, the same way', () => {
     expect(res.json()).toMatchObject({ name: 'validation_error', statusCode: 422 });
     expect(res.json().message).toContain('"colour" is not a field of this request');
     expect(await Promise.all(['emails', 'api_tokens', 'tags', 'subscribers', 'domains', 'campaigns'].map(count))).toEqual(before);
+  });
+
+  it('PATCH routes refuse them too (docs/foundation.md: every route but PATCH /campaigns), changing nothing', async () => {
+    const tag = (await post('/tags', { name: 'patch-me' })).json();
+    const renamed = await ctx.app.inject({ method: 'PATCH', url: `/api/v2/tags/${tag.id}`, headers: bearer(token), payload: { name: 'renamed', colour: 'red' } });
+    expect(renamed.statusCode).toBe(422);
+    expect(renamed.json()).toMatchObject({ name: 'validation_error', statusCode: 422 });
+    expect(renamed.json().message).toContain('"colour" is not a field of this request');
+    expect((await ctx.app.inject({ url: `/api/v2/tags/${tag.id}`, headers: bearer(token) })).json().name).toBe('patch-me');
+
+    const subscriber = (await post('/subscribers', { email: 'patch-me@example.com' })).json();
+    const patched = await ctx.app.inject({ method: 'PATCH', url: `/api/v2/subscribers/${subscriber.id}`, headers: bearer(token), payload: { colour: 'red' } });
+    expect(patched.statusCode).toBe(422);
+    expect(patched.json().message).toContain('"colour" is not a field of this request');
   });
 
   it('PATCH /campaigns/{id} is the spec\'s exception: it ignores them and says so in warnings', async () => {
