@@ -2,11 +2,13 @@ import { readFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, type InboundServer } from '../src/inbound/server.js';
+import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { inboundProcessor } from '../src/workers/inbound.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { openDialog } from './helpers/smtp-dialog.js';
 import { selfSignedCertificate } from './helpers/tls.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
@@ -267,6 +269,22 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     expect(await refused(deliver(raw, sent.returnPath))).toBe(552);
     expect(await storedCount()).toBe(before);
     expect((await getEmail(sent.id)).last_event).toBe('sent');
+  });
+
+  it('refuses a declared SIZE= over the limit at MAIL (552 5.3.4), and recipients past 10 (452 4.5.3)', async () => {
+    // docs/outcomes.md "Bounces and complaints by mail": the listener's replies.
+    // Valid return paths (the listener checks their MAC only); the same address twice is one recipient.
+    const returnPaths = Array.from({ length: 11 }, () => ctx.services.returnPaths.address(newId('eml'), 'bounces.acme.test'));
+    const dialog = await openDialog(inbound.port);
+    try {
+      expect(await dialog.send('EHLO mta.example.net')).toMatch(/^250/);
+      expect(await dialog.send(`MAIL FROM:<> SIZE=${2 * 1024 * 1024 + 1}`)).toMatch(/^552 5\.3\.4 /);
+      expect(await dialog.send(`MAIL FROM:<> SIZE=${2 * 1024 * 1024}`)).toMatch(/^250 /);
+      for (const address of returnPaths.slice(0, 10)) expect(await dialog.send(`RCPT TO:<${address}>`)).toMatch(/^250 /);
+      expect(await dialog.send(`RCPT TO:<${returnPaths[10]}>`)).toMatch(/^452 4\.5\.3 /);
+    } finally {
+      dialog.close();
+    }
   });
 
   it('ignores a malformed MIME report', async () => {

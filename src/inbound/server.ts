@@ -76,6 +76,10 @@ export async function startInboundServer(options: InboundServerOptions): Promise
     disabledCommands: options.tls ? ['AUTH'] : ['AUTH', 'STARTTLS'],
     logger: false,
     size: options.maxMessageBytes,
+    // Without it smtp-server refuses a MAIL SIZE= over the limit itself, before onMailFrom, with
+    // no enhanced status code (`552 Error: ...`) and no count in the metric: as the submission
+    // listener does, the limit is not advertised and onMailFrom gives docs/outcomes.md's 552 5.3.4.
+    hideSize: true,
     maxClients: options.maxConnections,
     socketTimeout: SOCKET_TIMEOUT_MS,
     closeTimeout: 5_000,
