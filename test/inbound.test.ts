@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, type InboundServer } from '../src/inbound/server.js';
+import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
@@ -476,5 +477,29 @@ describe('the inbound reports metric', () => {
     expect(after.duplicate! - before.duplicate!).toBe(1);
     expect(after.unmatched! - before.unmatched!).toBe(1);
     expect(after.refused! - before.refused!).toBe(2);
+  });
+});
+
+describe('the reconciler of reports whose job was lost', () => {
+  it('enqueues an unread report again on every run, not only while no job of its id was kept', async () => {
+    // A report stored two minutes ago and never enqueued (Redis lost it, or its job failed).
+    const id = newReportId();
+    const now = Date.now();
+    await insertReports(ctx.services.orm.em, [{ id, emailId: newId('eml'), mailFrom: '', rcptTo: 'b+x@bounces.acme.test', raw: Buffer.from('x') }], new Date(now - 120_000));
+    const reconcile = inboundProcessor.handlers.reconcile;
+    // Two runs a minute apart. A failed job is kept for days (removeOnFail): if the second run's
+    // job had the first's id, its add would be a no-op and the report would stay unread.
+    const jobIdsAt = async (at: number) => {
+      const jobIds: string[] = [];
+      const producer = { add: async (_queue: string, job: { data: { reportIds: string[] }; jobId?: string }) => void (job.data.reportIds.includes(id) && jobIds.push(job.jobId!)) };
+      const services = Object.assign(Object.create(ctx.services) as typeof ctx.services, { producer, clock: () => new Date(at) });
+      await reconcile({}, { services, em: ctx.services.orm.em.fork(), log: ctx.services.logger, job: {} } as never);
+      return jobIds;
+    };
+    const first = await jobIdsAt(now);
+    const second = await jobIdsAt(now + 60_000);
+    expect(first).toHaveLength(1);
+    expect(second).toHaveLength(1);
+    expect(second[0]).not.toBe(first[0]);
   });
 });
