@@ -288,6 +288,39 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     }
   });
 
+  it('turns away a connection past INBOUND_MAX_CONNECTIONS (421), and serves again once one closes', async () => {
+    const small = await startInboundServer({
+      host: '127.0.0.1',
+      port: 0,
+      maxMessageBytes: 1024 * 1024,
+      maxConnections: 1,
+      returnPaths: ctx.services.returnPaths,
+      logger: ctx.services.logger,
+      accept: async () => {},
+    });
+    const first = await openDialog(small.port);
+    try {
+      expect(first.greeting).toMatch(/^220 /);
+      const second = await openDialog(small.port);
+      expect(second.greeting).toMatch(/^421 /);
+      second.close();
+      first.close();
+      await first.closed;
+      const third = await until(
+        () => openDialog(small.port),
+        (dialog) => {
+          if (dialog.greeting.startsWith('220')) return true;
+          dialog.close();
+          return false;
+        },
+      );
+      third.close();
+    } finally {
+      first.close();
+      await small.close();
+    }
+  });
+
   it('ignores a malformed MIME report', async () => {
     const sent = await send('malformed@example.com');
     const raw = [
