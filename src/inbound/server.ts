@@ -154,7 +154,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
  * a job per commit (a handful of reports) cost more per report than reading them. Bounce
  * processing waits that long at most; the sender does not wait for it.
  */
-export function storeReports(services: Services): { accept: (message: InboundMessage) => Promise<void>; close: () => Promise<void> } {
+function storeReports(services: Services): { accept: (message: InboundMessage) => Promise<void>; close: () => Promise<void> } {
   const waiting: { reports: NewReport[]; done: () => void; failed: (error: unknown) => void }[] = [];
   const writers = new Set<Promise<void>>();
   const unqueued: string[] = [];

@@ -33,7 +33,7 @@ export interface ProcessDeps {
 }
 
 /** The customer webhook event type of a verdict (docs/webhooks.md "Event types"), if it is one. */
-export function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
+function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
   if (verdict.type === 'bounced') return 'email.bounced';
   if (verdict.type === 'complained') return 'email.complained';
   if (verdict.type === 'delayed') return 'email.delivery_delayed';
@@ -41,7 +41,7 @@ export function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
 }
 
 /** The metric outcome of a report read. */
-export function metricOutcome(outcome: ReportOutcome): ReportMetricOutcome {
+function metricOutcome(outcome: ReportOutcome): ReportMetricOutcome {
   if (outcome.status === 'ignored') return outcome.unmatched ? 'unmatched' : 'refused';
   return outcome.changed || outcome.fresh ? 'applied' : 'duplicate';
 }
