@@ -346,6 +346,19 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     expect(await suppressed(acme.organizationId, 'malformed@example.com')).toBe(false);
   });
 
+  it('applies a report to the email its Message-ID names when that email is of the return path’s organization', async () => {
+    // docs/outcomes.md: a feedback loop registered with one return path reports another message.
+    const reported = await send('looped@example.com');
+    const registered = await send('registered@example.com');
+    await deliver(fixture('postfix-dsn', { ...reported, returnPath: registered.returnPath }), registered.returnPath);
+    const [report] = await readReports(registered.returnPath);
+    expect(report!.status).toBe('applied');
+    expect((await getEmail(reported.id)).last_event).toBe('bounced');
+    expect((await getEmail(registered.id)).last_event).toBe('sent');
+    expect(await suppressed(acme.organizationId, 'looped@example.com')).toBe(true);
+    expect(await suppressed(acme.organizationId, 'registered@example.com')).toBe(false);
+  });
+
   it('ignores a report about another organization’s email', async () => {
     const victim = await send('victim@example.com', other, 'Other <hello@other.test>');
     const attacker = await send('attacker@example.com');
