@@ -122,6 +122,11 @@ describe('reading reports', () => {
     expect(verdictOf(await readReport(bare550, ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: 'remote said: 550 no such user' });
   });
 
+  it('ignores an unstructured bounce of an email with copies: it names none of its recipients (docs/outcomes.md)', async () => {
+    const report = await readReport(fixture('gmail-unstructured'), '');
+    expect(verdictOf(report, { to: SENT.to, copies: ['copy@example.com'] })).toMatchObject({ type: 'ignored' });
+  });
+
   it('reads field blocks in linear time, whatever the input', () => {
     const hostile = [':'.repeat(2_000_000), ' a'.repeat(1_000_000), `${'x:'.repeat(500_000)}\n`.repeat(2), '\n \t\n'.repeat(200_000)].join('\n');
     const started = performance.now();

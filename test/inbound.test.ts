@@ -2,11 +2,14 @@ import { readFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, type InboundServer } from '../src/inbound/server.js';
+import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
+import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { inboundProcessor } from '../src/workers/inbound.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { openDialog } from './helpers/smtp-dialog.js';
 import { selfSignedCertificate } from './helpers/tls.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
@@ -269,6 +272,55 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     expect((await getEmail(sent.id)).last_event).toBe('sent');
   });
 
+  it('refuses a declared SIZE= over the limit at MAIL (552 5.3.4), and recipients past 10 (452 4.5.3)', async () => {
+    // docs/outcomes.md "Bounces and complaints by mail": the listener's replies.
+    // Valid return paths (the listener checks their MAC only); the same address twice is one recipient.
+    const returnPaths = Array.from({ length: 11 }, () => ctx.services.returnPaths.address(newId('eml'), 'bounces.acme.test'));
+    const dialog = await openDialog(inbound.port);
+    try {
+      expect(await dialog.send('EHLO mta.example.net')).toMatch(/^250/);
+      expect(await dialog.send(`MAIL FROM:<> SIZE=${2 * 1024 * 1024 + 1}`)).toMatch(/^552 5\.3\.4 /);
+      expect(await dialog.send(`MAIL FROM:<> SIZE=${2 * 1024 * 1024}`)).toMatch(/^250 /);
+      for (const address of returnPaths.slice(0, 10)) expect(await dialog.send(`RCPT TO:<${address}>`)).toMatch(/^250 /);
+      expect(await dialog.send(`RCPT TO:<${returnPaths[10]}>`)).toMatch(/^452 4\.5\.3 /);
+    } finally {
+      dialog.close();
+    }
+  });
+
+  it('turns away a connection past INBOUND_MAX_CONNECTIONS (421), and serves again once one closes', async () => {
+    const small = await startInboundServer({
+      host: '127.0.0.1',
+      port: 0,
+      maxMessageBytes: 1024 * 1024,
+      maxConnections: 1,
+      returnPaths: ctx.services.returnPaths,
+      logger: ctx.services.logger,
+      accept: async () => {},
+    });
+    const first = await openDialog(small.port);
+    try {
+      expect(first.greeting).toMatch(/^220 /);
+      const second = await openDialog(small.port);
+      expect(second.greeting).toMatch(/^421 /);
+      second.close();
+      first.close();
+      await first.closed;
+      const third = await until(
+        () => openDialog(small.port),
+        (dialog) => {
+          if (dialog.greeting.startsWith('220')) return true;
+          dialog.close();
+          return false;
+        },
+      );
+      third.close();
+    } finally {
+      first.close();
+      await small.close();
+    }
+  });
+
   it('ignores a malformed MIME report', async () => {
     const sent = await send('malformed@example.com');
     const raw = [
@@ -292,6 +344,19 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     expect(report!.status).toBe('ignored');
     expect((await getEmail(sent.id)).last_event).toBe('sent');
     expect(await suppressed(acme.organizationId, 'malformed@example.com')).toBe(false);
+  });
+
+  it('applies a report to the email its Message-ID names when that email is of the return path’s organization', async () => {
+    // docs/outcomes.md: a feedback loop registered with one return path reports another message.
+    const reported = await send('looped@example.com');
+    const registered = await send('registered@example.com');
+    await deliver(fixture('postfix-dsn', { ...reported, returnPath: registered.returnPath }), registered.returnPath);
+    const [report] = await readReports(registered.returnPath);
+    expect(report!.status).toBe('applied');
+    expect((await getEmail(reported.id)).last_event).toBe('bounced');
+    expect((await getEmail(registered.id)).last_event).toBe('sent');
+    expect(await suppressed(acme.organizationId, 'looped@example.com')).toBe(true);
+    expect(await suppressed(acme.organizationId, 'registered@example.com')).toBe(false);
   });
 
   it('ignores a report about another organization’s email', async () => {
@@ -458,5 +523,29 @@ describe('the inbound reports metric', () => {
     expect(after.duplicate! - before.duplicate!).toBe(1);
     expect(after.unmatched! - before.unmatched!).toBe(1);
     expect(after.refused! - before.refused!).toBe(2);
+  });
+});
+
+describe('the reconciler of reports whose job was lost', () => {
+  it('enqueues an unread report again on every run, not only while no job of its id was kept', async () => {
+    // A report stored two minutes ago and never enqueued (Redis lost it, or its job failed).
+    const id = newReportId();
+    const now = Date.now();
+    await insertReports(ctx.services.orm.em, [{ id, emailId: newId('eml'), mailFrom: '', rcptTo: 'b+x@bounces.acme.test', raw: Buffer.from('x') }], new Date(now - 120_000));
+    const reconcile = inboundProcessor.handlers.reconcile;
+    // Two runs a minute apart. A failed job is kept for days (removeOnFail): if the second run's
+    // job had the first's id, its add would be a no-op and the report would stay unread.
+    const jobIdsAt = async (at: number) => {
+      const jobIds: string[] = [];
+      const producer = { add: async (_queue: string, job: { data: { reportIds: string[] }; jobId?: string }) => void (job.data.reportIds.includes(id) && jobIds.push(job.jobId!)) };
+      const services = Object.assign(Object.create(ctx.services) as typeof ctx.services, { producer, clock: () => new Date(at) });
+      await reconcile({}, { services, em: ctx.services.orm.em.fork(), log: ctx.services.logger, job: {} } as never);
+      return jobIds;
+    };
+    const first = await jobIdsAt(now);
+    const second = await jobIdsAt(now + 60_000);
+    expect(first).toHaveLength(1);
+    expect(second).toHaveLength(1);
+    expect(second[0]).not.toBe(first[0]);
   });
 });

@@ -1,11 +1,9 @@
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { Resolver } from 'node:dns/promises';
 import { mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { dkimVerify } from 'mailauth/lib/dkim/verify.js';
 import { simpleParser } from 'mailparser';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -16,10 +14,11 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { selfSignedCertificate } from './helpers/tls.js';
-import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { type TestDnsServer } from './helpers/dns-server.js';
+import { dkimResult, startMailRelay } from './helpers/mail-relay.js';
 import { runService } from './helpers/process.js';
 import { openDialog } from './helpers/smtp-dialog.js';
-import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
 // docs/smtp.md: SMTP submission end to end, with two clients we did not write (nodemailer as
@@ -35,16 +34,7 @@ let token: string;
 const connections: { disconnect(): void }[] = [];
 
 beforeAll(async () => {
-  dns = await startDnsServer();
-  sink = await startSmtpSink();
-  ctx = await createTestContext({
-    DNS_SERVERS: dns.address,
-    MAIL_TRANSPORT: 'smtp',
-    SMTP_URL: sink.url,
-    ALLOW_UNVERIFIED_DOMAINS: 'false',
-    SMTP_SUBMISSION_PORT: '0',
-    SMTP_MAX_MESSAGE_BYTES: String(256 * 1024),
-  });
+  ({ dns, sink, ctx } = await startMailRelay({ SMTP_SUBMISSION_PORT: '0', SMTP_MAX_MESSAGE_BYTES: String(256 * 1024) }));
   const connection = createRedis(ctx.env.config.redisUrl, 'worker');
   connections.push(connection);
   workers = await startWorkers(ctx.services, connection, [emailSendProcessor('emails', { reconcileGraceMs: 60_000 })]);
@@ -68,13 +58,6 @@ afterAll(async () => {
 
 function api(method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown, as = token) {
   return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(as), ...(body === undefined ? {} : { payload: body as object }) });
-}
-
-async function dkimResult(raw: Buffer) {
-  const resolver = new Resolver();
-  resolver.setServers([dns.address]);
-  const result = await dkimVerify(raw, { resolver: (name: string, type: string) => resolver.resolve(name, type as 'TXT') } as never);
-  return (result as { results: Array<{ signingDomain: string; status: { result: string } }> }).results[0];
 }
 
 const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
@@ -165,7 +148,7 @@ describe('SMTP submission (docs/smtp.md)', () => {
     expect(mail.html).toContain('/t/o/');
     expect(mail.html).toContain('/t/c/');
     expect(mail.html).not.toContain('href="https://acme.test/account"');
-    const dkim = await dkimResult(raw);
+    const dkim = await dkimResult(dns, raw);
     expect(dkim?.signingDomain).toBe('acme.test');
     expect(dkim?.status.result).toBe('pass');
   });
@@ -217,7 +200,7 @@ print('sent')
     expect(sha256(mail.attachments[0]!.content)).toBe(sha256(pdf));
     expect(mail.text?.trim()).toBe('The nightly report is attached.');
     expect(mail.html).toContain('<b>report</b>');
-    expect((await dkimResult(sink.raw[index]!))?.status.result).toBe('pass');
+    expect((await dkimResult(dns, sink.raw[index]!))?.status.result).toBe('pass');
   });
 
   it('a message without a To address keeps its own To header and goes to the envelope only', async () => {

@@ -5,6 +5,7 @@ import type { ReturnPaths } from '../shared/bounces/return-path.js';
 import { insertReports, newReportId, type NewReport } from '../shared/bounces/queries.js';
 import type { Services } from '../shared/container.js';
 import type { Logger } from '../shared/logger.js';
+import { SmtpReplyError } from '../shared/submission/reply.js';
 
 /** One accepted message: its envelope and bytes, for each valid return-path recipient. */
 export interface InboundMessage {
@@ -53,15 +54,6 @@ const MAX_WRITERS = 4;
 const ENQUEUE_WINDOW_MS = 100;
 const ENQUEUE_MAX = 500;
 
-class SmtpReply extends Error {
-  constructor(
-    readonly responseCode: number,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
 /**
  * The inbound SMTP listener (docs/outcomes.md "Bounces and complaints by mail"): accepts mail only
  * for valid return-path addresses (`b+{token}@…`, anything else is 550 at RCPT), up to
@@ -71,6 +63,10 @@ class SmtpReply extends Error {
 export async function startInboundServer(options: InboundServerOptions): Promise<InboundServer> {
   const { returnPaths, logger } = options;
   const refused = options.onRefused ?? (() => {});
+  const tooBig = () => {
+    refused();
+    return new SmtpReplyError(552, '5.3.4', `Message too big: the limit is ${options.maxMessageBytes} bytes`);
+  };
   const server = new SMTPServer({
     banner: 'mailroom bounce and feedback receiver',
     authOptional: true,
@@ -80,23 +76,24 @@ export async function startInboundServer(options: InboundServerOptions): Promise
     disabledCommands: options.tls ? ['AUTH'] : ['AUTH', 'STARTTLS'],
     logger: false,
     size: options.maxMessageBytes,
+    // Without it smtp-server refuses a MAIL SIZE= over the limit itself, before onMailFrom, with
+    // no enhanced status code (`552 Error: ...`) and no count in the metric: as the submission
+    // listener does, the limit is not advertised and onMailFrom gives docs/outcomes.md's 552 5.3.4.
+    hideSize: true,
     maxClients: options.maxConnections,
     socketTimeout: SOCKET_TIMEOUT_MS,
     closeTimeout: 5_000,
     onMailFrom(address, session, callback) {
       // Refused early when the client declares a size over the limit (RFC 1870).
       const declared = Number((address.args || {}).SIZE ?? 0);
-      if (declared > options.maxMessageBytes) {
-        refused();
-        return callback(new SmtpReply(552, `5.3.4 Message too big: the limit is ${options.maxMessageBytes} bytes`));
-      }
+      if (declared > options.maxMessageBytes) return callback(tooBig());
       callback();
     },
     onRcptTo(address: SMTPServerAddress, session: SMTPServerSession, callback) {
-      if (session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(new SmtpReply(452, '4.5.3 Too many recipients'));
+      if (session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(new SmtpReplyError(452, '4.5.3', 'Too many recipients'));
       if (!returnPaths.verify(address.address)) {
         refused();
-        return callback(new SmtpReply(550, '5.1.1 No such recipient here'));
+        return callback(new SmtpReplyError(550, '5.1.1', 'No such recipient here'));
       }
       callback();
     },
@@ -108,17 +105,14 @@ export async function startInboundServer(options: InboundServerOptions): Promise
       });
       stream.once('error', (error) => callback(error));
       stream.once('end', () => {
-        if (stream.sizeExceeded) {
-          refused();
-          return callback(new SmtpReply(552, `5.3.4 Message too big: the limit is ${options.maxMessageBytes} bytes`));
-        }
+        if (stream.sizeExceeded) return callback(tooBig());
         const recipients = session.envelope.rcptTo.map((r) => ({ address: r.address, emailId: returnPaths.verify(r.address)!.emailId }));
         const mailFrom = session.envelope.mailFrom ? session.envelope.mailFrom.address : '';
         options.accept({ mailFrom, recipients, raw: Buffer.concat(chunks) }).then(
           () => callback(),
           (error: unknown) => {
             logger.warn({ err: error }, 'inbound report not stored; the sender will retry');
-            callback(new SmtpReply(451, '4.3.0 Temporary failure, please try again later'));
+            callback(new SmtpReplyError(451, '4.3.0', 'Temporary failure, please try again later'));
           },
         );
       });
@@ -160,7 +154,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
  * a job per commit (a handful of reports) cost more per report than reading them. Bounce
  * processing waits that long at most; the sender does not wait for it.
  */
-export function storeReports(services: Services): { accept: (message: InboundMessage) => Promise<void>; close: () => Promise<void> } {
+function storeReports(services: Services): { accept: (message: InboundMessage) => Promise<void>; close: () => Promise<void> } {
   const waiting: { reports: NewReport[]; done: () => void; failed: (error: unknown) => void }[] = [];
   const writers = new Set<Promise<void>>();
   const unqueued: string[] = [];

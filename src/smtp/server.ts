@@ -80,6 +80,11 @@ export async function startSubmission(services: Services, options: SubmissionOpt
   const limiter = services.tokenLimiter;
   const deps = { producer: services.producer, logger: services.logger };
   const max = settings.maxMessageBytes;
+  /** The token's caller when it may send (permission `emails`); undefined when unknown, revoked or not. */
+  const sender = async (secret: string): Promise<Caller | undefined> => {
+    const caller = await callerForSecret(services.orm.em.fork(), tokenCache, secret);
+    return caller && holds(caller.permissions, 'emails') ? caller : undefined;
+  };
 
   let tls: { key: Buffer; cert: Buffer } | undefined;
   if (settings.certFile && settings.keyFile) {
@@ -111,9 +116,9 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     onAuth(auth, session, callback) {
       if (!session.secure && production) return callback(replies.encryptionRequired());
       const secret = auth.password ?? '';
-      callerForSecret(services.orm.em.fork(), tokenCache, secret).then(
+      sender(secret).then(
         (caller) => {
-          if (!caller || !holds(caller.permissions, 'emails')) return callback(replies.badCredentials());
+          if (!caller) return callback(replies.badCredentials());
           callback(null, { user: { caller, secret } satisfies SessionUser });
         },
         (error: unknown) => callback(asReply(error, services, 'token lookup')),
@@ -127,9 +132,9 @@ export async function startSubmission(services: Services, options: SubmissionOpt
       // A session outlives its AUTH (pooled clients keep it open): the token is looked up
       // again for every message (the process's cache, as for every HTTP request), so a
       // revoked one stops sending on open sessions too.
-      callerForSecret(services.orm.em.fork(), tokenCache, secret)
+      sender(secret)
         .then(async (caller) => {
-          if (!caller || !holds(caller.permissions, 'emails')) throw replies.badCredentials();
+          if (!caller) throw replies.badCredentials();
           const decision = await limiter.take(caller.tokenId);
           if (!decision.allowed) throw replies.rateLimited(decision.limit);
           // The organization's limit too, counted with its HTTP requests (RATE_LIMIT_ORG_PER_SECOND).

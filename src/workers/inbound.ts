@@ -32,10 +32,12 @@ export const inboundProcessor = defineProcessor({
     reconcile: async (_payload, ctx) => {
       const now = ctx.services.clock().getTime();
       const ids = await unreadReportIds(ctx.em, new Date(now - RECONCILE_GRACE_MS), RECONCILE_BATCH);
-      // A report whose job still exists may be read by both: the second finds it read.
+      // A report whose job still exists may be read by both: the second finds it read. The job
+      // id names this run: a failed job is kept (removeOnFail, 7 days), and an id made of the
+      // first report alone made every later run's add a no-op for the oldest reports, unread.
       for (let i = 0; i < ids.length; i += REQUEUE_BATCH) {
         const chunk = ids.slice(i, i + REQUEUE_BATCH);
-        await ctx.services.producer.add('inbound', { name: 'process', data: { reportIds: chunk }, jobId: `requeue-${chunk[0]}` });
+        await ctx.services.producer.add('inbound', { name: 'process', data: { reportIds: chunk }, jobId: `requeue-${chunk[0]}-${now}` });
       }
       const purged = await purgeReports(ctx.em, new Date(now - KEEP_READ_REPORTS_MS), PURGE_BATCH);
       return { requeued: ids.length, purged };

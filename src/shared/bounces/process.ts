@@ -3,9 +3,9 @@ import { mailboxDomain } from '../emails/addresses.js';
 import type { Metrics } from '../metrics.js';
 import { applyFeedbackBatch, countFeedback, type FeedbackItem } from '../outcomes/provider-events.js';
 import { bareAddress } from './fields.js';
-import { readReport } from './report.js';
+import { readReport, type ReadReport } from './report.js';
 import { returnPathHost } from './return-path.js';
-import { claimReports, emailByMessageId, emailsById, finishReports, pendingReports, type ReportEmail } from './queries.js';
+import { claimReports, emailsById, emailsByMessageId, finishReports, pendingReports, type ReportEmail } from './queries.js';
 import { verdictOf, type Verdict } from './verdict.js';
 
 /** A report's outcome as the metric counts it (docs/operations.md). */
@@ -33,7 +33,7 @@ export interface ProcessDeps {
 }
 
 /** The customer webhook event type of a verdict (docs/webhooks.md "Event types"), if it is one. */
-export function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
+function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
   if (verdict.type === 'bounced') return 'email.bounced';
   if (verdict.type === 'complained') return 'email.complained';
   if (verdict.type === 'delayed') return 'email.delivery_delayed';
@@ -41,7 +41,7 @@ export function webhookEventOf(verdict: Verdict): ReportOutcome['event'] {
 }
 
 /** The metric outcome of a report read. */
-export function metricOutcome(outcome: ReportOutcome): ReportMetricOutcome {
+function metricOutcome(outcome: ReportOutcome): ReportMetricOutcome {
   if (outcome.status === 'ignored') return outcome.unmatched ? 'unmatched' : 'refused';
   return outcome.changed || outcome.fresh ? 'applied' : 'duplicate';
 }
@@ -64,10 +64,15 @@ export async function processReports(em: EntityManager, reportIds: string[], dep
   const done = new Map<string, ReportOutcome>();
   if (reports.length === 0) return done;
   const emails = await emailsById(em, [...new Set(reports.map((r) => r.email_id))]);
+  const reads: ReadReport[] = [];
+  for (const report of reports) reads.push(await readReport(report.raw, report.mail_from));
+  // The returned messages that are not the token's email, in one query (feedback loops).
+  const otherIds = reads.map((read) => read.originalMessageId).filter((id, i): id is string => id !== null && id !== emails.get(reports[i]!.email_id)?.message_id);
+  const byMessageId = await emailsByMessageId(em, [...new Set(otherIds)]);
   const planned: { id: string; email?: ReportEmail; outcome: ReportOutcome }[] = [];
-  for (const report of reports) {
-    const read = await readReport(report.raw, report.mail_from);
-    const { email, reason } = await matchEmail(em, emails.get(report.email_id), report.rcpt_to, read.originalMessageId, deps.bounceDomain);
+  for (const [i, report] of reports.entries()) {
+    const read = reads[i]!;
+    const { email, reason } = matchEmail(emails.get(report.email_id), report.rcpt_to, read.originalMessageId, byMessageId, deps.bounceDomain);
     const copies = email ? email.copies.map((c) => bareAddress(c)).filter((c): c is string => c !== null) : [];
     const verdict: Verdict = email ? verdictOf(read, { to: email.address, copies }) : { type: 'ignored', reason: reason! };
     const event = webhookEventOf(verdict);
@@ -108,13 +113,13 @@ export async function processReports(em: EntityManager, reportIds: string[], dep
   return outcomes;
 }
 
-async function matchEmail(
-  em: EntityManager,
+function matchEmail(
   byToken: ReportEmail | undefined,
   rcptTo: string,
   originalMessageId: string | null,
+  byMessageIds: Map<string, ReportEmail>,
   bounceDomain: string,
-): Promise<{ email?: ReportEmail; reason?: string }> {
+): { email?: ReportEmail; reason?: string } {
   if (!byToken || !byToken.message_id) return { reason: 'the return path names no email that was sent' };
   const host = rcptTo.slice(rcptTo.lastIndexOf('@') + 1).toLowerCase();
   const fromDomain = mailboxDomain(byToken.from_address);
@@ -122,7 +127,7 @@ async function matchEmail(
     return { reason: `the return path's host ${host.slice(0, 100)} is not the email's` };
   }
   if (!originalMessageId || originalMessageId === byToken.message_id) return { email: byToken };
-  const byMessageId = await emailByMessageId(em, originalMessageId);
+  const byMessageId = byMessageIds.get(originalMessageId);
   if (byMessageId?.message_id && byMessageId.organization_id === byToken.organization_id) return { email: byMessageId };
   return { reason: 'the returned message is not an email of the organization the return path names' };
 }

@@ -100,9 +100,17 @@ export async function emailsById(em: EntityManager, ids: string[]): Promise<Map<
   return new Map(rows.map((r) => [r.id, r]));
 }
 
-export async function emailByMessageId(em: EntityManager, messageId: string): Promise<ReportEmail | undefined> {
-  const [row] = await em.execute<ReportEmail[]>(`select ${EMAIL_COLUMNS} from emails e where e.message_id = ? limit 1`, [messageId], 'all');
-  return row;
+/** The emails with these Message-IDs, by Message-ID (one query for a batch of reports). */
+export async function emailsByMessageId(em: EntityManager, messageIds: string[]): Promise<Map<string, ReportEmail>> {
+  if (messageIds.length === 0) return new Map();
+  const rows = await em.execute<ReportEmail[]>(
+    `select ${EMAIL_COLUMNS} from emails e where e.message_id in (select jsonb_array_elements_text(?::jsonb))`,
+    [JSON.stringify(messageIds)],
+    'all',
+  );
+  const byMessageId = new Map<string, ReportEmail>();
+  for (const row of rows) if (!byMessageId.has(row.message_id!)) byMessageId.set(row.message_id!, row);
+  return byMessageId;
 }
 
 /** Reports stored longer ago than `before` and still unread: their job was lost (Redis). */

@@ -2,7 +2,7 @@ import { createHmac, timingSafeEqual } from 'node:crypto';
 import { RETURN_PATH_LABEL } from '../domains/records.js';
 
 /** The local part's fixed start: `b+{token}`. */
-export const RETURN_PATH_PREFIX = 'b+';
+const RETURN_PATH_PREFIX = 'b+';
 const EMAIL_PREFIX = 'eml_';
 /** The body of an email id: a lower-case ULID (src/shared/ids.ts). */
 const ULID_LENGTH = 26;

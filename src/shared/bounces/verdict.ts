@@ -23,7 +23,8 @@ const DIAGNOSTIC_MAX = 1_000;
  * - DSN: `Action: failed` with a 5.x.x status is a hard bounce, 4.x.x a soft one;
  *   `Action: delayed` is a delay; other actions (delivered, relayed, expanded) change nothing.
  * - ARF: `Feedback-Type: abuse` is a complaint; other feedback types change nothing.
- * - Unstructured, from a mailer-daemon: soft, unless the text carries a 5.x.x status or 550.
+ * - Unstructured, from a mailer-daemon: soft, unless the text carries a 5.x.x status or 550;
+ *   ignored when the email has copies (it names no recipient to apply it to).
  * A report about a copy recipient (cc, bcc) names it as `copy`: the recorder then acts on
  * that address and leaves the email's status, which follows its `to` (docs/outcomes.md). A
  * report of an email with copies that names none of its recipients is ignored rather than
@@ -65,6 +66,10 @@ export function verdictOf(report: ReadReport, email: MatchedEmail): Verdict {
     }
     case 'unstructured': {
       if (!content.fromDaemon) return { type: 'ignored', reason: 'not a report, and not from a mailer-daemon' };
+      // It names no recipient in a form we can trust (its text may quote the message's To and Cc):
+      // with copies, applying it to the `to` could suppress the wrong address, as for a DSN that
+      // names none of the email's recipients.
+      if (email.copies.length > 0) return { type: 'ignored', reason: 'an unstructured bounce names no recipient, and the email has copies' };
       const hard = content.status?.startsWith('5') ?? false;
       return { type: 'bounced', bounceType: hard ? 'hard' : 'soft', diagnostic: lineWith(content.text, content.status) };
     }

@@ -43,8 +43,6 @@ export async function insertTrackingEvents(em: EntityManager, columns: TrackingE
 export interface FirstEngagement {
   id: string;
   campaign_id: string | null;
-  address: string;
-  proven: boolean;
 }
 
 /**
@@ -58,8 +56,7 @@ export async function setFirstEngagement(em: EntityManager, kind: 'open' | 'clic
     `update emails e set ${column} = f.at, updated_at = now()
      from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
      where e.id = f.id and e.${column} is null
-     returning e.id, e.campaign_id, email_bare_address(e.to_address) as address,
-       (e.status = 'sent' and coalesce(e.delivery_status, 'delivered') = 'delivered') as proven`,
+     returning e.id, e.campaign_id`,
     [JSON.stringify(candidates)],
   );
 }

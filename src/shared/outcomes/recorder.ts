@@ -32,7 +32,7 @@ const CLOSING_TRIES = 5;
  * Writes tracking hits in the background so that the pixel and the redirect answer at once:
  * hits are buffered in memory and written every few milliseconds, one transaction per batch
  * (events inserted in one statement, first open / first click set by conditional updates,
- * campaign counters and verification history fed for the emails that changed). `close()`
+ * campaign counters and `email.opened` / `email.clicked` webhooks for the emails that changed). `close()`
  * writes what is buffered (graceful shutdown loses no hit).
  */
 /**

@@ -39,7 +39,7 @@ export interface SubmittedMessage {
 }
 
 /** RFC 5322 2.1.1: a line is at most 998 characters, CRLF excluded. */
-export const MAX_LINE = 998;
+const MAX_LINE = 998;
 const MAX_TAGS = 50;
 const TAG_PART = /^[A-Za-z0-9_-]{1,256}$/;
 
@@ -70,7 +70,7 @@ const REPLACED_HEADERS = new Set([
 const ADDRESS_HEADERS: Record<string, string> = { to: 'To', cc: 'Cc', sender: 'Sender' };
 
 /** The length of the longest line of `raw` (CR and LF excluded); stops early past `limit`. */
-export function longestLineOver(raw: Buffer, limit: number): boolean {
+function longestLineOver(raw: Buffer, limit: number): boolean {
   let start = 0;
   for (;;) {
     const lf = raw.indexOf(0x0a, start);
@@ -88,7 +88,7 @@ function phrase(name: string): string {
 }
 
 /** `Name <addr>` (the name quoted when it needs to be) or `addr`. */
-export function formatMailbox(mailbox: { name?: string; address?: string }): string {
+function formatMailbox(mailbox: { name?: string; address?: string }): string {
   const address = mailbox.address ?? '';
   const name = (mailbox.name ?? '').replace(/[\r\n]+/g, ' ').trim();
   return name ? `${phrase(name)} <${address}>` : address;

@@ -11,7 +11,7 @@ import type { SubmittedAttachment, SubmittedMessage } from './message.js';
  * at all; its send job is enqueued after the commit.
  */
 
-export function submittedEmail(organizationId: string, message: SubmittedMessage): NewEmail {
+function submittedEmail(organizationId: string, message: SubmittedMessage): NewEmail {
   return {
     organizationId,
     source: 'api',
