@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { PRESETS, PresetSchema } from '../../shared/tokens/permissions.js';
-import { announceTokenChange, revokeToken } from '../../shared/tokens/revoke.js';
+import { revokeToken } from '../../shared/tokens/revoke.js';
 import { createToken, listTokens } from '../../shared/tokens/service.js';
 import type { App } from '../types.js';
 import { formOf, noticeOf, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
@@ -25,10 +25,9 @@ function createForm(user: PageUser) {
 
 export async function tokenPages(app: App, ctx: DashboardContext): Promise<void> {
   const { services } = ctx;
-  // API processes cache token lists and secrets; the same announcement as the API's.
-  const announce = async (organizationId: string) => {
-    if (!(await announceTokenChange(services.redis, services.config, organizationId))) services.logger.warn('could not announce a token change');
-  };
+  // API processes cache token lists and secrets: the same announcement as the API's routes
+  // (drops this process's list entry, publishes on the token-change channel, logs a failure).
+  const announce = (organizationId: string) => services.tokenListCache.changed(organizationId);
 
   async function listPage(organizationId: string, em: Parameters<typeof listTokens>[0], user: PageUser, extra = html``) {
     const { items } = await listTokens(em, organizationId, undefined);
@@ -66,9 +65,10 @@ export async function tokenPages(app: App, ctx: DashboardContext): Promise<void>
   app.post('/app/tokens/:id/revoke', { schema: { hide: true } }, async (request, reply) => {
     const { caller } = signedIn(request, 'tokens');
     await revokeToken(request.em, caller.organizationId, (request.params as { id: string }).id);
-    // This process refuses the secret at once; the others as soon as the announcement reaches
-    // them (the same channel as DELETE /api/v2/tokens/{id}).
-    ctx.tokenCache.clear();
+    // This process refuses the secret at once (only this organization's cached secrets are
+    // dropped, not every tenant's); the others as soon as the announcement reaches them (the
+    // same channel as DELETE /api/v2/tokens/{id}).
+    ctx.tokenCache.forgetOrganization(caller.organizationId);
     await announce(caller.organizationId);
     return reply.redirect('/app/tokens?notice=revoked', 303);
   });
