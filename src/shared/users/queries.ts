@@ -26,11 +26,6 @@ export async function selectUsersOf(em: Execute, organizationId: string): Promis
   return em.execute<UserRow[]>('select id, organization_id, email, created_at from users where organization_id = ? order by id', [organizationId], 'all');
 }
 
-export async function selectUser(em: Execute, id: string): Promise<UserRow | undefined> {
-  const rows = await em.execute<UserRow[]>('select id, organization_id, email, created_at from users where id = ?', [id], 'all');
-  return rows[0];
-}
-
 export async function selectUserWithHash(em: Execute, email: string): Promise<(UserRow & { password_hash: string }) | undefined> {
   const rows = await em.execute<Array<UserRow & { password_hash: string }>>(
     'select id, organization_id, email, created_at, password_hash from users where email = ?',

@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { newId } from '../ids.js';
 import { organizationExists } from '../organizations/queries.js';
-import { insertUser, selectUser, selectUserWithHash, selectUsersOf } from './queries.js';
+import { insertUser, selectUserWithHash, selectUsersOf } from './queries.js';
 
 /** A person of an organization who signs in to the dashboard (docs/dashboard.md "Getting in"). */
 export interface User {
@@ -50,11 +50,6 @@ export async function createUser(em: EntityManager, input: { organizationId: str
 export async function listUsers(em: EntityManager, organizationId: string): Promise<User[]> {
   if (!(await organizationExists(em, organizationId))) throw new NotFoundError(`No organization ${organizationId}`);
   return (await selectUsersOf(em, organizationId)).map(toUser);
-}
-
-export async function findUser(em: EntityManager, id: string): Promise<User | null> {
-  const row = await selectUser(em, id);
-  return row ? toUser(row) : null;
 }
 
 // Verified against when the address is unknown, so that an unknown address costs as long
