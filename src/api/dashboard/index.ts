@@ -6,7 +6,7 @@ import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
 import { AppError } from '../../shared/errors.js';
-import { checkPassword } from '../../shared/users/service.js';
+import { checkPassword, PASSWORD_MAX } from '../../shared/users/service.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
 import type { App } from '../types.js';
 import { audiencePages } from './audience.js';
@@ -76,7 +76,7 @@ function fromAnotherSite(services: Services, request: FastifyRequest): boolean {
 
 const LoginForm = z.object({
   email: z.string().trim().min(1, 'enter your email address').max(254),
-  password: z.string().min(1, 'enter your password').max(1024),
+  password: z.string().min(1, 'enter your password').max(PASSWORD_MAX),
 });
 
 function loginPage(options: { error?: string; notice?: string; email?: string }): ReturnType<typeof page> {

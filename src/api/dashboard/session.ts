@@ -1,5 +1,6 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { redisKey, type Services } from '../../shared/container.js';
+import { normalizeUserEmail } from '../../shared/users/service.js';
 
 export const SESSION_COOKIE = 'mailroom_session';
 // docs/dashboard.md "Getting in": a session ends after 12 hours without a request.
@@ -48,7 +49,7 @@ export class SessionStore {
   }
 
   private failuresKey(email: string): string {
-    return redisKey(this.services.config, 'dashboard', 'sign-in-failures', digest(email.trim().toLowerCase()));
+    return redisKey(this.services.config, 'dashboard', 'sign-in-failures', digest(normalizeUserEmail(email)));
   }
 
   /** Seconds until the address may try again, or 0. */
