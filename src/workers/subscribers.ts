@@ -1,6 +1,6 @@
 import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { createEmails, requestHash } from '../shared/emails/service.js';
-import { buildConfirmationEmail, confirmationToken, confirmationUrl } from '../shared/subscribers/confirmation.js';
+import { buildConfirmationEmail, confirmationJob, confirmationJobId, confirmationToken, confirmationUrl } from '../shared/subscribers/confirmation.js';
 import { deleteConfirmationDue, selectOverdueConfirmations, selectSenderEmails, selectSubscriberWithOrganization } from '../shared/subscribers/queries.js';
 import { defineProcessor, type JobContext } from './runner.js';
 
@@ -66,10 +66,6 @@ const RECONCILE_EVERY_MS = 60_000;
 const RECONCILE_GRACE_MS = 60_000;
 const RECONCILE_PAGE = 1_000;
 
-function confirmationJob(subscriberId: string) {
-  return { name: 'send-confirmation' as const, data: { subscriberId }, jobId: `confirm-${subscriberId}` };
-}
-
 /**
  * The confirmations owed for longer than the grace period whose job is missing (Redis lost
  * it, or failed when the write enqueued it) or completed without the record being cleared
@@ -81,7 +77,7 @@ async function reconcileConfirmations(ctx: JobContext): Promise<number> {
   const owed = await selectOverdueConfirmations(ctx.em, new Date(ctx.services.clock().getTime() - RECONCILE_GRACE_MS), RECONCILE_PAGE);
   const missing: string[] = [];
   for (const subscriberId of owed) {
-    const job = await queue.getJob(`confirm-${subscriberId}`);
+    const job = await queue.getJob(confirmationJobId(subscriberId));
     if (job) {
       // Waiting, delayed or running: it will clear the record. Failed (its attempts spent on
       // an error that is not an outage): kept for the operator, not retried every minute.

@@ -16,6 +16,18 @@ export function confirmationToken(signer: LinkSigner, subscriber: { id: string; 
   return signer.sign(CONFIRM_PURPOSE, `${subscriber.id} ${subscriber.email}`);
 }
 
+/**
+ * The queue job that sends a subscriber's confirmation email: one job id per subscriber, so
+ * the write that made it pending and the reconciler (workers/subscribers.ts) never queue two.
+ */
+export function confirmationJob(subscriberId: string) {
+  return { name: 'send-confirmation' as const, data: { subscriberId }, jobId: confirmationJobId(subscriberId) };
+}
+
+export function confirmationJobId(subscriberId: string): string {
+  return `confirm-${subscriberId}`;
+}
+
 export function confirmationUrl(publicUrl: string, token: string): string {
   return `${publicUrl.replace(/\/+$/, '')}/confirm/${token}`;
 }

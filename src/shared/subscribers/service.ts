@@ -3,6 +3,7 @@ import type { SubscriberStatus } from '../db/entities/index.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import type { QueueProducer } from '../queues/producer.js';
+import { confirmationJob } from './confirmation.js';
 import { cleanFields, cleanTagNames, normalizeEmail } from './input.js';
 import { byName, toRecord, type SubscriberRecord, type SubscriberRow, type TagRef } from './rows.js';
 import { nextStatus, UNSUBSCRIBABLE } from './states.js';
@@ -336,11 +337,7 @@ async function updateExisting(
  */
 async function afterCommit(deps: AudienceDeps, organizationId: string, outcome: Outcome, triggerWorkflows: boolean, now: Date): Promise<void> {
   if (outcome.becamePending) {
-    await deps.producer.add('subscribers', {
-      name: 'send-confirmation',
-      data: { subscriberId: outcome.row.id },
-      jobId: `confirm-${outcome.row.id}`,
-    });
+    await deps.producer.add('subscribers', confirmationJob(outcome.row.id));
   }
   if (triggerWorkflows && outcome.events.length > 0) {
     await deps.producer.addBulk(
