@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Redis } from 'ioredis';
 import { LRUCache } from 'lru-cache';
 import type { Services } from '../container.js';
-import { tokenChangesChannel } from './revoke.js';
+import { announceTokenChange, subscribeTokenChanges } from './revoke.js';
 import { listTokens } from './service.js';
 
 /** What a token listing shows (docs/foundation.md "Tokens and permissions"): never the secret or its hash. */
@@ -37,35 +37,26 @@ export class TokenListCache {
   /** Bumped by every announced change (tokens are created rarely): a listing that began
    * before the last change does not store its result. */
   private generation = 0;
-  private readonly channel: string;
   private subscriber: Redis | undefined;
   private subscribed = false;
 
-  constructor(private readonly services: Pick<Services, 'redis' | 'config' | 'logger'>) {
-    this.channel = tokenChangesChannel(services.config);
-  }
+  constructor(private readonly services: Pick<Services, 'redis' | 'config' | 'logger'>) {}
 
   /** Subscribes to change announcements; the cache stays unused until that succeeds. */
   start(): void {
     if (this.subscriber) return;
-    const subscriber = this.services.redis.duplicate({ autoResubscribe: false, commandTimeout: undefined });
-    subscriber.on('error', (error) => this.services.logger.debug({ err: error }, 'token list subscriber error'));
-    subscriber.on('ready', () => {
-      subscriber.subscribe(this.channel).then(
-        () => {
-          this.subscribed = true;
-        },
-        () => {},
-      );
+    this.subscriber = subscribeTokenChanges(this.services, 'token list', {
+      up: () => {
+        this.subscribed = true;
+      },
+      // Messages may have been missed while disconnected.
+      down: () => {
+        this.subscribed = false;
+        this.generation += 1;
+        this.entries.clear();
+      },
+      changed: (organizationId) => this.forget(organizationId),
     });
-    // Messages may have been missed while disconnected.
-    subscriber.on('close', () => {
-      this.subscribed = false;
-      this.generation += 1;
-      this.entries.clear();
-    });
-    subscriber.on('message', (_channel: string, organizationId: string) => this.forget(organizationId));
-    this.subscriber = subscriber;
   }
 
   async close(): Promise<void> {
@@ -97,10 +88,10 @@ export class TokenListCache {
   /** After a token of the organization is committed: forget it here and everywhere. */
   async changed(organizationId: string): Promise<void> {
     this.forget(organizationId);
-    await this.services.redis.publish(this.channel, organizationId).catch((error: unknown) => {
+    if (!(await announceTokenChange(this.services.redis, this.services.config, organizationId))) {
       // Other processes then stop trusting their cache only when their subscriber drops.
-      this.services.logger.warn({ err: error }, 'could not announce a token change; other API processes may list it late');
-    });
+      this.services.logger.warn('could not announce a token change; other API processes may list it late');
+    }
   }
 
   private forget(organizationId: string): void {

@@ -2,6 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Redis } from 'ioredis';
 import { redisKey } from '../container.js';
 import type { Config } from '../config.js';
+import type { Logger } from '../logger.js';
 import { NotFoundError } from '../errors.js';
 import { deleteToken } from './queries.js';
 
@@ -12,6 +13,31 @@ import { deleteToken } from './queries.js';
  */
 export function tokenChangesChannel(config: Pick<Config, 'redisPrefix'>): string {
   return redisKey(config, 'tokens-changed');
+}
+
+/**
+ * Listens to token-change announcements on a connection of its own, for a process's token
+ * caches. `up` once the subscription holds; `down` when the connection closes, as
+ * announcements may then be missed (no automatic resubscription: the next `ready` subscribes
+ * again); `changed` with the organization id of each announcement.
+ */
+export function subscribeTokenChanges(
+  services: { redis: Redis; config: Pick<Config, 'redisPrefix'>; logger: Logger },
+  what: string,
+  on: { up(): void; down(): void; changed(organizationId: string): void },
+): Redis {
+  const channel = tokenChangesChannel(services.config);
+  const subscriber = services.redis.duplicate({ autoResubscribe: false, commandTimeout: undefined });
+  subscriber.on('error', (error) => services.logger.debug({ err: error }, `${what} subscriber error`));
+  subscriber.on('ready', () => {
+    subscriber.subscribe(channel).then(
+      () => on.up(),
+      () => {},
+    );
+  });
+  subscriber.on('close', () => on.down());
+  subscriber.on('message', (_channel: string, organizationId: string) => on.changed(organizationId));
+  return subscriber;
 }
 
 /** Announces that an organization's tokens changed; resolves even when Redis is down. */

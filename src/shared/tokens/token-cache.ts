@@ -2,7 +2,7 @@ import type { Redis } from 'ioredis';
 import { LRUCache, type Perf } from 'lru-cache';
 import type { Config } from '../config.js';
 import type { Logger } from '../logger.js';
-import { tokenChangesChannel } from './revoke.js';
+import { subscribeTokenChanges } from './revoke.js';
 import type { Caller } from './service.js';
 
 // A token is read from PostgreSQL at most once per this long per process, so the hot path
@@ -51,23 +51,16 @@ export class TokenCache {
   /** Subscribes to token-change announcements; the cache stays unused until that succeeds. */
   start(services: { redis: Redis; config: Pick<Config, 'redisPrefix'>; logger: Logger }): void {
     if (this.subscriber) return;
-    const channel = tokenChangesChannel(services.config);
-    const subscriber = services.redis.duplicate({ autoResubscribe: false, commandTimeout: undefined });
-    subscriber.on('error', (error) => services.logger.debug({ err: error }, 'token cache subscriber error'));
-    subscriber.on('ready', () => {
-      subscriber.subscribe(channel).then(
-        () => {
-          this.subscribed = true;
-        },
-        () => {},
-      );
+    this.subscriber = subscribeTokenChanges(services, 'token cache', {
+      up: () => {
+        this.subscribed = true;
+      },
+      down: () => {
+        this.subscribed = false;
+        this.clear();
+      },
+      changed: (organizationId) => this.forgetOrganization(organizationId),
     });
-    subscriber.on('close', () => {
-      this.subscribed = false;
-      this.clear();
-    });
-    subscriber.on('message', (_channel: string, organizationId: string) => this.forgetOrganization(organizationId));
-    this.subscriber = subscriber;
   }
 
   close(): void {
