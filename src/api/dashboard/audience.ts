@@ -5,7 +5,7 @@ import { addSubscriberTags, getSubscriber, listSubscribers, removeSubscriberTags
 import { listTags } from '../../shared/subscribers/tags.js';
 import { sameToken } from './session.js';
 import type { App } from '../types.js';
-import { formOf, noticeOf, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { formOf, noticeOf, parseWith, query, sendPage, signedIn, type DashboardContext } from './context.js';
 import { csrfField, html, isoMinute, page, table, when } from './html.js';
 import { IMPORT_MAX_BYTES, parseCsvUpload, type ImportProgress } from './imports.js';
 
@@ -53,7 +53,7 @@ export async function audiencePages(app: App, ctx: DashboardContext): Promise<vo
   <td>${isoMinute(s.createdAt)}</td>
 </tr>`,
     );
-    const more = new URLSearchParams(Object.entries({ q: q.q, status: q.status, tag: q.tag }).filter(([, v]) => v) as [string, string][]);
+    const shown = { q: q.q, status: q.status, tag: q.tag };
     const body = html`<p><a class="button" href="/app/audience/import">Import a CSV file</a></p>
 <form method="get" action="/app/audience" class="filters" role="search">
   <div class="field"><label for="q">Email or name</label><input id="q" name="q" type="search" value="${q.q ?? ''}"></div>
@@ -65,8 +65,8 @@ export async function audiencePages(app: App, ctx: DashboardContext): Promise<vo
 </form>
 ${table('Subscribers', ['Email', 'Name', 'Status', 'Tags', 'Created'], rows)}
 <nav class="pager" aria-label="Pages">
-  ${when(q.after, () => html`<a href="/app/audience?${more.toString()}">Newest</a>`)}
-  ${when(hasMore, () => html`<a href="/app/audience?${new URLSearchParams([...more, ['after', items[items.length - 1]!.id]]).toString()}">Older</a>`)}
+  ${when(q.after, () => html`<a href="/app/audience${query(shown)}">Newest</a>`)}
+  ${when(hasMore, () => html`<a href="/app/audience${query({ ...shown, after: items[items.length - 1]!.id })}">Older</a>`)}
 </nav>`;
     return sendPage(reply, page({ title: 'Audience', active: 'audience', user }, body));
   });

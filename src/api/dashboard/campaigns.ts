@@ -13,7 +13,7 @@ import {
 import { listSenders } from '../../shared/domains/senders.js';
 import { CreateBody, PatchBody, SendBody } from '../routes/campaigns.js';
 import type { App } from '../types.js';
-import { formOf, noticeOf, optional, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { formOf, noticeOf, optional, parseWith, query, sendPage, signedIn, type DashboardContext } from './context.js';
 import { csrfField, html, isoMinute, page, table, when, type PageUser } from './html.js';
 
 const PAGE_SIZE = 25;
@@ -97,7 +97,7 @@ export async function campaignPages(app: App, ctx: DashboardContext): Promise<vo
 ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Opened', 'Clicked'], rows)}
 <nav class="pager" aria-label="Pages">
   ${when(after, () => html`<a href="/app/campaigns">Newest</a>`)}
-  ${when(hasMore, () => html`<a href="/app/campaigns?after=${items[items.length - 1]!.campaign.id}">Older</a>`)}
+  ${when(hasMore, () => html`<a href="/app/campaigns${query({ after: items[items.length - 1]!.campaign.id })}">Older</a>`)}
 </nav>`;
     return sendPage(reply, page({ title: 'Campaigns', active: 'campaigns', user, notice: noticeOf(request) }, body));
   });

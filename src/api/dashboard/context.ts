@@ -57,6 +57,12 @@ export function optional(value: string | undefined): string | undefined {
   return trimmed ? trimmed : undefined;
 }
 
+/** A page's query string (`?a=1&b=2`, or '' when every value is blank), for pager and filter links. */
+export function query(params: Record<string, string | undefined>): string {
+  const kept = Object.entries(params).filter(([, v]) => v);
+  return kept.length ? `?${new URLSearchParams(kept as [string, string][]).toString()}` : '';
+}
+
 /** Parses with one of the API's schemas; a failure is the API's validation error. */
 export function parseWith<S extends z.ZodType>(schema: S, data: unknown, status = 422): z.infer<S> {
   const result = schema.safeParse(data);

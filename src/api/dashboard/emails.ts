@@ -3,7 +3,7 @@ import { LAST_EVENTS, lastEvent } from '../../shared/emails/last-event.js';
 import { getEmail, listEmails } from '../../shared/emails/service.js';
 import { emailTimeline } from '../../shared/emails/timeline.js';
 import type { App } from '../types.js';
-import { parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { parseWith, query, sendPage, signedIn, type DashboardContext } from './context.js';
 import { html, isoMinute, page, table, when } from './html.js';
 
 const PAGE_SIZE = 50;
@@ -13,11 +13,6 @@ const EmailsQuery = z.object({
   event: z.union([z.enum(LAST_EVENTS), z.literal('')]).optional(),
   after: z.string().max(100).optional(),
 });
-
-function query(params: Record<string, string | undefined>): string {
-  const kept = Object.entries(params).filter(([, v]) => v);
-  return kept.length ? `?${new URLSearchParams(kept as [string, string][]).toString()}` : '';
-}
 
 export async function emailPages(app: App, _ctx: DashboardContext): Promise<void> {
   app.get('/app/emails', { schema: { hide: true } }, async (request, reply) => {
