@@ -4,6 +4,8 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { sample as sampleOf } from './helpers/ops-metrics.js';
+import { until } from './helpers/until.js';
 
 /**
  * Every counter of docs/operations.md moves when the code path it names runs: a real send
@@ -36,29 +38,12 @@ afterAll(async () => {
 });
 
 /** The value of one sample of a Prometheus text body (0 when the series has no sample yet). */
-function sample(body: string, name: string, labels: Record<string, string> = {}): number {
-  for (const line of body.split('\n')) {
-    if (line.startsWith('#')) continue;
-    const match = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!match || match[1] !== name) continue;
-    const found = Object.fromEntries([...(match[2] ?? '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((m) => [m[1], m[2]]));
-    if (Object.entries(labels).every(([k, v]) => found[k] === v)) return Number(match[3]);
-  }
-  return 0;
-}
+const sample = (body: string, name: string, labels: Record<string, string> = {}): number => sampleOf(body, name, labels) ?? 0;
 
 async function scrape(): Promise<string> {
   const res = await ctx.app.inject({ url: '/metrics' });
   expect(res.statusCode).toBe(200);
   return res.body;
-}
-
-async function until(probe: () => Promise<boolean>, timeoutMs = 15_000): Promise<void> {
-  const started = Date.now();
-  while (!(await probe())) {
-    if (Date.now() - started > timeoutMs) throw new Error('timed out');
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 const email = (to: string) => ({ from: 'App <app@sender.example>', to, subject: 'Hi', html: '<p>Hello</p>' });
@@ -82,7 +67,7 @@ describe('email counters follow a real send (file transport)', () => {
     await until(async () => {
       const events = await Promise.all(ids.map(async (id) => (await ctx.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(token) })).json().last_event));
       return events.every((e) => e === 'delivered');
-    });
+    }, Boolean);
     const after = await scrape();
     const delta = (name: string, labels?: Record<string, string>) => sample(after, name, labels) - sample(before, name, labels);
     expect(delta('mailroom_emails_sent_total', { source: 'api' })).toBe(3);

@@ -3,19 +3,8 @@ import { createMetrics } from '../src/shared/metrics.js';
 import { QUEUE_NAMES } from '../src/shared/queues/registry.js';
 import { startWorkerProcess } from '../src/workers/main.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { sample } from './helpers/ops-metrics.js';
 import { freePort } from './helpers/outages.js';
-
-/** The value of one sample line of a Prometheus text body, or undefined. */
-function sample(body: string, name: string, labels: Record<string, string> = {}): number | undefined {
-  for (const line of body.split('\n')) {
-    if (line.startsWith('#')) continue;
-    const match = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!match || match[1] !== name) continue;
-    const found = Object.fromEntries([...(match[2] ?? '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((m) => [m[1], m[2]]));
-    if (Object.entries(labels).every(([k, v]) => found[k] === v)) return Number(match[3]);
-  }
-  return undefined;
-}
 
 describe('GET /metrics (docs/operations.md "Metrics")', () => {
   let ctx: TestContext;

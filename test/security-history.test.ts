@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { newId } from '../src/shared/ids.js';
 import { clickToken, openToken } from '../src/shared/outcomes/tokens.js';
 import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { until } from './helpers/until.js';
 
 /**
  * The global verification history (docs/security.md): every copy of an email carries the
@@ -33,14 +34,6 @@ async function sentEmail(to: string): Promise<{ id: string; messageId: string }>
 const proven = async (address: string) =>
   (await ctx.services.orm.em.fork().execute<{ proven_at: Date | null }[]>('select proven_at from verification_history where email = ?', [address]))[0]?.proven_at ?? null;
 
-async function until(check: () => Promise<boolean>): Promise<void> {
-  const deadline = Date.now() + 5_000;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error('timed out');
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
-
 describe('global verification history', () => {
   it('an open or a click of a copy does not prove the `to` address', async () => {
     const { id } = await sentEmail('ceo@victim.example');
@@ -50,7 +43,7 @@ describe('global verification history', () => {
     await until(async () => {
       const [row] = await ctx.services.orm.em.fork().execute<{ o: Date | null; c: Date | null }[]>('select first_opened_at as o, first_clicked_at as c from emails where id = ?', [id]);
       return Boolean(row?.o && row?.c);
-    });
+    }, Boolean, 5_000);
     // ... and the history of the address is untouched.
     expect(await proven('ceo@victim.example')).toBeNull();
   });
