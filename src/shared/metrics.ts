@@ -186,7 +186,6 @@ function registerQueueGauge(registry: Registry, { producer, logger }: MetricsSou
 function registerStatusGauge(registry: Registry, { orm, logger }: MetricsSources, table: 'emails' | 'campaigns', help: string): void {
   let tableReady = false;
   let last: { at: number; rows: Array<{ status: string; count: string | number }> } | undefined;
-  let pending: Promise<Array<{ status: string; count: string | number }>> | undefined;
 
   async function query(): Promise<Array<{ status: string; count: string | number }>> {
     if (!tableReady) {
@@ -206,11 +205,8 @@ function registerStatusGauge(registry: Registry, { orm, logger }: MetricsSources
       const now = Date.now();
       if (!last || now - last.at >= STATUS_QUERY_INTERVAL_MS) {
         try {
-          // Collections that overlap (concurrent scrapes) wait for the same query.
-          pending ??= withTimeout(query(), COLLECT_TIMEOUT_MS + STATUS_QUERY_TIMEOUT_MS).finally(() => {
-            pending = undefined;
-          });
-          last = { at: now, rows: await pending };
+          // Concurrent scrapes share one collection (Metrics.scrape), so one query at a time.
+          last = { at: now, rows: await withTimeout(query(), COLLECT_TIMEOUT_MS + STATUS_QUERY_TIMEOUT_MS) };
         } catch (error) {
           logger.debug({ err: error, table }, 'metrics: rows by status unavailable');
           last = undefined;
