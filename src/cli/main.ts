@@ -204,8 +204,8 @@ const COMMANDS: Record<string, Command> = {
   'token list': (config, args) => tokenList(operator, config, args),
   'token revoke': (config, args) => tokenRevoke(operator, config, args),
   'subscribers import': (config, args) => subscribersImport(config, args, (m) => new UsageError(m)),
-  'user create': (config, args) => userCreate(config, args, (m) => new UsageError(m)),
-  'user list': (config, args) => userList(config, args, (m) => new UsageError(m)),
+  'user create': (config, args) => userCreate(operator, config, args),
+  'user list': (config, args) => userList(operator, config, args),
   verify: (_config, args) => verify(args),
 };
 
