@@ -1,7 +1,7 @@
 import { ulid } from 'ulid';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../src/shared/redis.js';
-import { idBefore, purgeExpired } from '../src/shared/retention/purge.js';
+import { idBefore, PURGE_TARGETS, purgeExpired } from '../src/shared/retention/purge.js';
 import { maintenanceProcessor } from '../src/workers/maintenance.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
@@ -107,6 +107,14 @@ describe('purge-expired (docs/operations.md "Retention")', () => {
     expect(rest.more).toBe(false);
     for (const id of ids) expect(await exists('emails', id)).toBe(false);
     expect(await exists('emails', kept)).toBe(true);
+  });
+
+  it('keeps webhook deliveries 30 days whatever EMAIL_RETENTION_DAYS says, and everything else for EMAIL_RETENTION_DAYS (contract 21)', () => {
+    for (const emailRetentionDays of [7, 30, 90]) {
+      const config = { ...ctx.services.config, emailRetentionDays };
+      const days = Object.fromEntries(PURGE_TARGETS.map((t) => [t.name, t.retentionDays(config)]));
+      expect(days).toEqual({ emails: emailRetentionDays, verifications: emailRetentionDays, webhook_deliveries: 30 });
+    }
   });
 
   it('a cutoff id sorts below every id made at or after that time, above every one made before', () => {
