@@ -6,7 +6,7 @@ import { CsvError, parse } from 'csv-parse';
 import type { Config } from '../shared/config.js';
 import { initOrm } from '../shared/db/orm.js';
 import { AppError, NotFoundError } from '../shared/errors.js';
-import { importBatch, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
+import { importBatch, importCsvOptions, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
 import { organizationExists } from '../shared/organizations/queries.js';
 
 // Rows per transaction: large enough that a batch costs a few round trips per thousand
@@ -64,21 +64,13 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     let headerLength = 0;
     const open = () =>
       createReadStream(file).pipe(
-        parse({
-          bom: true,
-          columns: (header: string[]) => {
-            const columns = header.map((h) => h.trim().toLowerCase());
+        parse(
+          importCsvOptions((columns) => {
             if (!columns.includes('email')) missingEmail = true;
             headerLength = columns.length;
             return columns;
-          },
-          skip_empty_lines: true,
-          relax_column_count: true,
-          trim: true,
-          // Each record with its own position: the parser reads ahead of this loop, so its
-          // running counters name a later line than the record's.
-          info: true,
-        }),
+          }),
+        ),
       );
     // A first pass that only parses: a broken file (an unclosed quote, say) is refused with
     // one line naming the problem before anything is imported. Parsing is a small part of

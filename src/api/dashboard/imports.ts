@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { parse } from 'csv-parse/sync';
 import { redisKey, type Services } from '../../shared/container.js';
 import { ValidationError } from '../../shared/errors.js';
-import { importBatch, parseImportRecord, type ImportRow } from '../../shared/subscribers/import.js';
+import { importBatch, importCsvOptions, parseImportRecord, type ImportRow } from '../../shared/subscribers/import.js';
 
 // The upload limit of the dashboard's CSV import; larger files go through the CLI.
 export const IMPORT_MAX_BYTES = 10 * 1024 * 1024;
@@ -36,14 +36,7 @@ export function parseCsvUpload(content: Buffer): { rows: ImportRow[]; skipped: n
   if (text.includes('\uFFFD')) throw fail('this is not a CSV file in UTF-8');
   let records: Array<{ record: Record<string, string>; info: { lines: number } }>;
   try {
-    records = parse(text, {
-      bom: true,
-      columns: (header: string[]) => header.map((h) => h.trim().toLowerCase()),
-      skip_empty_lines: true,
-      relax_column_count: true,
-      trim: true,
-      info: true,
-    }) as typeof records;
+    records = parse(text, importCsvOptions()) as typeof records;
   } catch (error) {
     throw fail(`this is not a valid CSV file (${(error as Error).message.split('\n')[0]})`);
   }

@@ -14,6 +14,23 @@ import { insertTagPairs, upsertImported } from './queries.js';
  */
 
 export const RESERVED_COLUMNS = ['email', 'name', 'phone', 'tags'] as const;
+
+/**
+ * How an import file is read, by the CLI (streamed) and the dashboard (an upload) alike
+ * (csv-parse options): header names trimmed and lower-cased, a byte-order mark and empty
+ * lines ignored, cells trimmed, rows of any length, and each record with its own line number
+ * (`info`: the parser reads ahead, so its running counters name a later line).
+ */
+export function importCsvOptions(columns: (names: string[]) => string[] = (names) => names) {
+  return {
+    bom: true,
+    columns: (header: string[]) => columns(header.map((h) => h.trim().toLowerCase())),
+    skip_empty_lines: true,
+    relax_column_count: true,
+    trim: true,
+    info: true,
+  } as const;
+}
 const NAME_MAX = 255;
 const PHONE_MAX = 50;
 
