@@ -1,11 +1,11 @@
 import { parseArgs } from 'node:util';
 import type { Config } from '../shared/config.js';
-import { ApiToken, Organization } from '../shared/db/entities/index.js';
 import type { Orm } from '../shared/db/orm.js';
 import { NotFoundError } from '../shared/errors.js';
 import { createRedis, settleConnection } from '../shared/redis.js';
-import { selectOrganizationsWithTokenCounts } from '../shared/organizations/queries.js';
+import { organizationExists, selectOrganizationsWithTokenCounts } from '../shared/organizations/queries.js';
 import { announceTokenChange, revokeToken } from '../shared/tokens/revoke.js';
+import { listTokens } from '../shared/tokens/service.js';
 
 /** What the operator commands need from the CLI's main module. */
 export interface OperatorCli {
@@ -52,8 +52,8 @@ export async function tokenList(cli: OperatorCli, config: Config, args: string[]
   if (!organizationId) throw cli.usage('token list needs --org ID (see org list)');
   const tokens = await cli.withOrm(config, async (orm) => {
     const em = orm.em.fork();
-    if (!(await em.findOne(Organization, { id: organizationId }))) return null;
-    return em.find(ApiToken, { organizationId }, { orderBy: { createdAt: 'desc', id: 'desc' } });
+    if (!(await organizationExists(em, organizationId))) return null;
+    return (await listTokens(em, organizationId, undefined)).items;
   });
   if (!tokens) throw new NotFoundError(`No organization ${organizationId} (see org list)`);
   const items = tokens.map((t) => ({ id: t.id, name: t.name, last4: t.last4, permissions: t.permissions, createdAt: iso(t.createdAt) }));
