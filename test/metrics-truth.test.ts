@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
+import { createSenderRow, seedSubscribers } from './helpers/campaigns.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { sample as sampleOf } from './helpers/ops-metrics.js';
@@ -113,5 +114,24 @@ describe('verification and DNS counters follow real checks and lookups', () => {
     expect(dns.count('lookups.example', 'TXT') - served).toBe(1);
     expect(sample(after, 'mailroom_dns_cache_misses_total', { type: 'txt' }) - sample(before, 'mailroom_dns_cache_misses_total', { type: 'txt' })).toBe(1);
     expect(sample(after, 'mailroom_dns_cache_hits_total', { type: 'txt' }) - sample(before, 'mailroom_dns_cache_hits_total', { type: 'txt' })).toBe(1);
+  });
+});
+
+describe('campaign counters follow a real campaign', () => {
+  it('campaigns_finished_total{status=cancelled} counts a scheduled campaign that is deleted', async () => {
+    const org = await createOrg(ctx.services, { name: 'Campaign metrics' });
+    const senderId = await createSenderRow(ctx.services, org.organizationId, 'news@campaign-metrics.test');
+    await seedSubscribers(ctx.services, org.organizationId, 2, { domain: 'example.com' });
+    const campaigns = (method: 'POST' | 'DELETE', path: string, payload?: object) =>
+      ctx.app.inject({ method, url: `/api/v2/campaigns${path}`, headers: bearer(org.token), ...(payload ? { payload } : {}) });
+    const created = await campaigns('POST', '', { name: 'Later', subject: 'Hi', content: 'Hello\n\n[Unsubscribe]({{unsubscribe_url}})', contentType: 'MARKDOWN', senderId });
+    expect(created.statusCode, created.body).toBe(200);
+    const id = created.json().id as string;
+    const scheduled = await campaigns('POST', `/${id}/send`, { scheduledAt: new Date(Date.now() + 86_400_000).toISOString() });
+    expect(scheduled.statusCode, scheduled.body).toBe(200);
+    const before = await scrape();
+    expect((await campaigns('DELETE', `/${id}`)).statusCode).toBe(200);
+    const after = await scrape();
+    expect(sample(after, 'mailroom_campaigns_finished_total', { status: 'cancelled' }) - sample(before, 'mailroom_campaigns_finished_total', { status: 'cancelled' })).toBe(1);
   });
 });
