@@ -119,6 +119,17 @@ describe('dashboard in Chromium', () => {
     expect(await refused.text()).toContain('Too many failed sign-ins');
   });
 
+  it('lets no more than 5 of a burst of concurrent wrong passwords be checked, and does not count sign-ins that succeed', async () => {
+    await createUser(ctx.services.orm.em.fork(), { organizationId: orgA.organizationId, email: 'burst@acme.test', password: PASSWORD });
+    await createUser(ctx.services.orm.em.fork(), { organizationId: orgA.organizationId, email: 'regular@acme.test', password: PASSWORD });
+    const attempt = (email: string, password: string) =>
+      fetch(`${base}/app/login`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded', origin: base }, body: new URLSearchParams({ email, password }), redirect: 'manual' });
+    const burst = await Promise.all(Array.from({ length: 12 }, () => attempt('burst@acme.test', 'wrong')));
+    const statuses = burst.map((r) => r.status).sort();
+    expect(statuses).toEqual([...Array(5).fill(401), ...Array(7).fill(429)]);
+    for (let i = 0; i < 7; i++) expect((await attempt('regular@acme.test', PASSWORD)).status).toBe(303);
+  });
+
   it('signs in and shows this organization emails and not another one', async () => {
     await signIn(page, 'jane@acme.test', PASSWORD);
     expect(new URL(page.url()).pathname).toBe('/app/emails');

@@ -173,16 +173,14 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
     const parsed = LoginForm.safeParse(formOf(request));
     if (!parsed.success) return sendPage(reply, loginPage({ error: parsed.error.issues.map((i) => i.message).join('; ') }), 422);
     const { email, password } = parsed.data;
-    const wait = await ctx.sessions.throttled(email);
+    const wait = await ctx.sessions.attempt(email);
     if (wait > 0) {
       void reply.header('retry-after', String(wait));
       return sendPage(reply, loginPage({ email, error: `Too many failed sign-ins for this address: try again in ${wait} seconds.` }), 429);
     }
     const user = await checkPassword(request.em, email, password);
-    if (!user) {
-      await ctx.sessions.failed(email);
-      return sendPage(reply, loginPage({ email, error: 'Wrong email or password.' }), 401);
-    }
+    if (!user) return sendPage(reply, loginPage({ email, error: 'Wrong email or password.' }), 401);
+    await ctx.sessions.succeeded(email);
     const { id } = await ctx.sessions.create({ userId: user.id, organizationId: user.organizationId, email: user.email });
     void reply.header('set-cookie', sessionCookie(services, id, SESSION_IDLE_SECONDS));
     return reply.redirect('/app/emails', 303);
