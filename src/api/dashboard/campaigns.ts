@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { renderCampaignTemplate } from '../../shared/campaigns/content.js';
 import {
+  campaignDeps,
   createCampaign,
   DEFAULT_TIMEZONE,
   getCampaign,
@@ -79,7 +80,7 @@ function preview(contentType: CampaignView['campaign']['contentType'], content: 
 
 export async function campaignPages(app: App, ctx: DashboardContext): Promise<void> {
   const { services } = ctx;
-  const deps = () => ({ producer: services.producer, logger: services.logger, publicUrl: services.config.publicUrl, metrics: services.metrics, render: services.render, config: services.config, redis: services.redis });
+  const deps = () => campaignDeps(services);
 
   app.get('/app/campaigns', { schema: { hide: true } }, async (request, reply) => {
     const { caller, user } = signedIn(request, 'campaigns');

@@ -3,6 +3,7 @@ import { CAMPAIGN_STATUSES, CONTENT_TYPES } from '../../shared/db/entities/campa
 import { RecipientFiltersSchema } from '../../shared/campaigns/filters.js';
 import {
   DEFAULT_MAIL_FORMAT,
+  campaignDeps,
   createCampaign,
   deleteCampaign,
   getCampaign,
@@ -99,7 +100,7 @@ export const SendBody = z.strictObject({
 const tags = ['campaigns'];
 
 export async function campaignsRoutes(app: App): Promise<void> {
-  const deps = () => ({ producer: app.services.producer, logger: app.services.logger, publicUrl: app.services.config.publicUrl, metrics: app.services.metrics, render: app.services.render, config: app.services.config, redis: app.services.redis });
+  const deps = () => campaignDeps(app.services);
 
   app.post(
     '/campaigns',

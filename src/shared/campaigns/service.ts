@@ -1,3 +1,4 @@
+import type { Services } from '../container.js';
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { IANAZone, DateTime } from 'luxon';
 import { Campaign, type CampaignContentType, type CampaignStatus, type RecipientFilter } from '../db/entities/campaign.js';
@@ -306,4 +307,10 @@ export async function sendTestEmail(
   ]);
   deps.metrics?.emailsAccepted.inc({ source: 'test' });
   return { id: ids[0]! };
+}
+
+/** What the campaign commands need of a process's services: the API routes and the dashboard pass the same. */
+export function campaignDeps(services: Pick<Services, 'producer' | 'logger' | 'config' | 'metrics' | 'render' | 'redis'>) {
+  const { producer, logger, config, metrics, render, redis } = services;
+  return { producer, logger, publicUrl: config.publicUrl, metrics, render, config, redis };
 }
