@@ -6,7 +6,7 @@ import { domainsProcessor } from '../src/workers/domains.js';
 import { emailsProcessor } from '../src/workers/emails.js';
 import { startWorkers, type QueueProcessor, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
-import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { publishDomainRecords, startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 
 // Issue 7 "done when": a domain created through the API becomes VERIFIED once its records
@@ -68,14 +68,7 @@ describe('a sending domain end to end (issue 7)', () => {
     expect(refusedBatch.json().details[0].path).toBe('0.from');
 
     // SPF and the return-path MX share a name: publish each name's records together.
-    const byName = new Map<string, { txt: string[]; mx: Array<{ priority: number; exchange: string }> }>();
-    for (const record of created.dnsRecords as Array<{ type: string; name: string; value: string; priority: number | null }>) {
-      const entry = byName.get(record.name) ?? { txt: [], mx: [] };
-      if (record.type === 'TXT') entry.txt.push(record.value);
-      else entry.mx.push({ priority: record.priority ?? 10, exchange: record.value });
-      byName.set(record.name, entry);
-    }
-    for (const [name, entry] of byName) dns.set(name, { ...entry, ttl: 300 });
+    publishDomainRecords(dns, created.dnsRecords);
     expect((await api('POST', `/domains/${created.domain}/verify`)).statusCode).toBe(200);
     const verified = await until(() => api('GET', `/domains/${created.id}`).then((r) => r.json()), (d) => d.status === 'VERIFIED');
     expect(verified.status).toBe('VERIFIED');

@@ -9,7 +9,7 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { webhookProcessor } from '../src/workers/webhooks.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startTestWorkers, type TestWorkers } from './helpers/hooks-workers.js';
-import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { publishDomainRecords, startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { waitFor } from './helpers/outages.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { startWebhookReceiver, type WebhookReceiver } from './helpers/webhook-receiver.js';
@@ -87,14 +87,7 @@ describe('event sources', () => {
 
   it('domain.verified when its records are found, domain.failed after 72 hours without them', async () => {
     const created = (await api('POST', '/domains', { domain: 'news.example' })).json();
-    const byName = new Map<string, { txt: string[]; mx: Array<{ priority: number; exchange: string }> }>();
-    for (const record of created.dnsRecords as Array<{ type: string; name: string; value: string; priority: number | null }>) {
-      const entry = byName.get(record.name) ?? { txt: [], mx: [] };
-      if (record.type === 'TXT') entry.txt.push(record.value);
-      else entry.mx.push({ priority: record.priority ?? 10, exchange: record.value });
-      byName.set(record.name, entry);
-    }
-    for (const [name, entry] of byName) dns.set(name, { ...entry, ttl: 300 });
+    publishDomainRecords(dns, created.dnsRecords);
     expect((await api('POST', `/domains/${created.domain}/verify`)).statusCode).toBe(200);
     const verified = await eventFor('domain.verified', (d) => d.id === created.id);
     expect(verified.data).toMatchObject({ domain: 'news.example', status: 'VERIFIED' });

@@ -118,3 +118,15 @@ export async function startDnsServer(initial: FixtureZone = {}): Promise<TestDns
     };
   }
 }
+
+/** Publishes the records a domain hands out (`dnsRecords` of the API), each name's TXT and MX together. */
+export function publishDomainRecords(dns: TestDnsServer, records: ReadonlyArray<{ type: string; name: string; value: string; priority: number | null }>): void {
+  const byName = new Map<string, { txt: string[]; mx: Array<{ priority: number; exchange: string }> }>();
+  for (const record of records) {
+    const entry = byName.get(record.name) ?? { txt: [], mx: [] };
+    if (record.type === 'TXT') entry.txt.push(record.value);
+    else entry.mx.push({ priority: record.priority ?? 10, exchange: record.value });
+    byName.set(record.name, entry);
+  }
+  for (const [name, entry] of byName) dns.set(name, { ...entry, ttl: 300 });
+}
