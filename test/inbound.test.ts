@@ -549,3 +549,33 @@ describe('the reconciler of reports whose job was lost', () => {
     expect(second[0]).not.toBe(first[0]);
   });
 });
+
+describe('storing reports', () => {
+  it('writes a group of reports in one statement, each raw report byte for byte, beyond the prepared sizes too', async () => {
+    const em = ctx.services.orm.em.fork();
+    for (const size of [1, 3, 8, 9, 40]) {
+      // Every byte value, and a size per report: binary parameters must not be re-encoded.
+      const reports = Array.from({ length: size }, (_, i) => ({
+        id: newReportId(),
+        emailId: newId('eml'),
+        mailFrom: i % 2 ? '' : 'MAILER-DAEMON@mx.example.com',
+        rcptTo: `b+${i}@bounces.acme.test`,
+        raw: Buffer.concat([Buffer.from(Array.from({ length: 256 }, (_, b) => b)), Buffer.alloc(i * 37, i)]),
+      }));
+      await insertReports(em, reports, new Date('2026-11-20T10:00:00Z'));
+      const rows = await em.execute<{ id: string; mail_from: string; rcpt_to: string; size: number; raw: Buffer; received_at: Date }[]>(
+        `select id, mail_from, rcpt_to, size, raw, received_at from inbound_reports where id in (?) order by id`,
+        [reports.map((r) => r.id)],
+        'all',
+      );
+      expect(rows.map((r) => r.id)).toEqual(reports.map((r) => r.id));
+      rows.forEach((row, i) => {
+        expect(row.raw.equals(reports[i]!.raw)).toBe(true);
+        expect(row.size).toBe(reports[i]!.raw.length);
+        expect(row.mail_from).toBe(reports[i]!.mailFrom);
+        expect(row.rcpt_to).toBe(reports[i]!.rcptTo);
+        expect(new Date(row.received_at).toISOString()).toBe('2026-11-20T10:00:00.000Z');
+      });
+    }
+  });
+});

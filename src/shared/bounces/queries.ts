@@ -1,6 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import { monotonicFactory } from 'ulid';
 import { withConnection } from '../db/sql.js';
+import { newId } from '../ids.js';
 
 /**
  * Data access of the inbound reports (table `inbound_reports`): the listener stores what it
@@ -8,11 +8,9 @@ import { withConnection } from '../db/sql.js';
  * is here.
  */
 
-const ulid = monotonicFactory();
-
 /** `rpt_` + a lower-case ULID: sortable by arrival, and usable as a BullMQ job id. */
 export function newReportId(): string {
-  return `rpt_${ulid().toLowerCase()}`;
+  return newId('rpt');
 }
 
 export interface NewReport {
@@ -23,20 +21,34 @@ export interface NewReport {
   raw: Buffer;
 }
 
-// One bound array a column whatever the batch size: the text never changes, so it is
-// prepared once per connection (the listener's hot statement).
-const INSERT_REPORTS = `insert into inbound_reports (id, email_id, mail_from, rcpt_to, size, raw, received_at)
-  select r.id, r.email_id, r.mail_from, r.rcpt_to, octet_length(r.raw), r.raw, ?::timestamptz
-  from unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::bytea[]) as r(id, email_id, mail_from, rcpt_to, raw)`;
+// Statements prepared once per connection: one a group size up to this many rows (the listener
+// writes groups of a few messages); larger groups are planned each time.
+const MAX_PREPARED_ROWS = 8;
+const insertTexts = new Map<number, string>();
+
+/** `insert … values (…), (…)` for `rows` reports, each row's raw bytes its own bound parameter. */
+function insertText(rows: number): string {
+  let text = insertTexts.get(rows);
+  if (text === undefined) {
+    const tuples = Array.from({ length: rows }, () => '(?, ?, ?, ?, ?::bytea, ?::int, ?::timestamptz)');
+    text = `insert into inbound_reports (id, email_id, mail_from, rcpt_to, raw, size, received_at) values ${tuples.join(', ')}`;
+    if (rows <= MAX_PREPARED_ROWS) insertTexts.set(rows, text);
+  }
+  return text;
+}
 
 /**
  * The reports of one group commit in one statement (its own implicit transaction, durable
- * when it returns), on a pooled connection without the ORM's per-statement cost.
+ * when it returns), on a pooled connection without the ORM's per-statement cost. Each raw
+ * report is a parameter of its own, so it travels as binary: in a bound array (`bytea[]`) it
+ * would be written out in hex and parsed back, twice its size each way.
  */
 export async function insertReports(em: EntityManager, reports: NewReport[], receivedAt: Date): Promise<void> {
   if (reports.length === 0) return;
-  const values = [receivedAt, reports.map((r) => r.id), reports.map((r) => r.emailId), reports.map((r) => r.mailFrom), reports.map((r) => r.rcptTo), reports.map((r) => r.raw)];
-  await withConnection(em, (sql) => sql.query(INSERT_REPORTS, values, 'mailroom_insert_inbound_reports'));
+  const values: unknown[] = [];
+  for (const r of reports) values.push(r.id, r.emailId, r.mailFrom, r.rcptTo, r.raw, r.raw.length, receivedAt);
+  const name = reports.length <= MAX_PREPARED_ROWS ? `mailroom_insert_inbound_reports_${reports.length}` : undefined;
+  await withConnection(em, (sql) => sql.query(insertText(reports.length), values, name));
 }
 
 export interface StoredReport {
