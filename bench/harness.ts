@@ -1,5 +1,5 @@
 import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { loadConfig, type Config } from '../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
@@ -195,6 +195,25 @@ export async function cpuMsOf(pid: number): Promise<number> {
   } catch {
     return 0;
   }
+}
+
+/**
+ * CPU time (ms) used by every process whose command is `command` (`postgres`, `redis-server`),
+ * including the children they have reaped (fields 16 and 17): PostgreSQL's exited backends
+ * count in the postmaster's. A difference of two readings is what they spent in between.
+ */
+export async function cpuMsOfCommand(command: string): Promise<number> {
+  let ms = 0;
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
+    const open = stat.indexOf(' (');
+    const close = stat.lastIndexOf(') ');
+    if (open < 0 || stat.slice(open + 2, close) !== command) continue;
+    const fields = stat.slice(close + 2).split(' ');
+    ms += (Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14])) * 10;
+  }
+  return ms;
 }
 
 /** Resident set size (bytes) of a process: VmRSS of /proc/PID/status; 0 once it has exited. */

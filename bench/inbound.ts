@@ -2,22 +2,46 @@
 // against the rate at which the same listener accepts messages it discards.
 //
 //   npm run bench:inbound            (BENCH_INBOUND_COUNT=10000 by default)
+//   BENCH_PROFILE=/tmp/inbound.cpuprofile npm run bench:inbound   (a CPU profile of the
+//   client and listener while reports are stored, for Chrome's DevTools)
 //
 // Baseline: the listener (same SMTP server, same RCPT check of every return path) whose
 // `accept` drops each message. Measured: the production path, each report stored in
 // PostgreSQL, enqueued (reports stored within 100 ms share a job), read by a worker process
 // (the report reader, the set-based outcome recorder in one transaction a job), timed from
 // the first message until the last report is read.
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { loadavg } from 'node:os';
 import { startInbound } from '../src/inbound/server.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
-import { createBenchEnv, fmt, freePort, seedSentEmails, spawnService, stop } from './harness.js';
+import { cpuMsOf, cpuMsOfCommand, createBenchEnv, fmt, freePort, seedSentEmails, spawnService, stop } from './harness.js';
 
 const COUNT = Number(process.env.BENCH_INBOUND_COUNT ?? 10_000);
 const CONNECTIONS = 4;
 const BOUNCE_DOMAIN = 'bounces.bench.test';
+
+/** CPU (user + system, ms) this process used since `start`. */
+const cpuMsSince = (start: NodeJS.CpuUsage) => {
+  const used = process.cpuUsage(start);
+  return (used.user + used.system) / 1000;
+};
+
+/** A CPU profile of this process (client and listener) from now until `stopTo(file)`. */
+async function startProfile() {
+  const { Session } = await import('node:inspector/promises');
+  const session = new Session();
+  session.connect();
+  await session.post('Profiler.enable');
+  await session.post('Profiler.start');
+  return {
+    async stopTo(file: string) {
+      const { profile } = await session.post('Profiler.stop');
+      writeFileSync(file, JSON.stringify(profile));
+      session.disconnect();
+    },
+  };
+}
 
 const bench = await createBenchEnv('inbound', { BOUNCE_DOMAIN });
 const { services } = bench;
@@ -51,7 +75,9 @@ try {
   // Baseline: the listener discarding what it accepts.
   let discarded = 0;
   const discard = await startInbound(services, { port: 0, accept: async () => void discarded++ });
+  const discardCpu = process.cpuUsage();
   const discardSeconds = await deliverAll(discard.port);
+  const discardCpuMs = cpuMsSince(discardCpu);
   await discard.close();
   if (discarded !== COUNT) throw new Error(`the discarding listener accepted ${discarded} of ${COUNT}`);
 
@@ -60,6 +86,8 @@ try {
   const metricsPort = await freePort();
   const worker = await spawnService('src/workers/main.ts', { ...bench.env, WORKER_QUEUES: 'inbound', WORKER_METRICS_PORT: String(metricsPort) }, `http://127.0.0.1:${metricsPort}/readyz`);
   const listener = await startInbound(services, { port: 0 });
+  const profiler = process.env.BENCH_PROFILE ? await startProfile() : undefined;
+  const before = { bench: process.cpuUsage(), worker: await cpuMsOf(worker.pid!), postgres: await cpuMsOfCommand('postgres'), redis: await cpuMsOfCommand('redis-server') };
   const started = performance.now();
   const acceptSeconds = await deliverAll(listener.port);
   const em = services.orm.em.fork();
@@ -72,6 +100,13 @@ try {
     await new Promise((r) => setTimeout(r, 20));
   }
   const processSeconds = (performance.now() - started) / 1000;
+  if (profiler) await profiler.stopTo(process.env.BENCH_PROFILE!);
+  const spent = {
+    bench: cpuMsSince(before.bench),
+    worker: (await cpuMsOf(worker.pid!)) - before.worker,
+    postgres: (await cpuMsOfCommand('postgres')) - before.postgres,
+    redis: (await cpuMsOfCommand('redis-server')) - before.redis,
+  };
   await listener.close();
   await stop(worker);
 
@@ -85,6 +120,9 @@ try {
   console.log(`  discarding listener accepts   ${fmt(discardRate)} msg/s`);
   console.log(`  stored and enqueued (SMTP)     ${fmt(COUNT / acceptSeconds)} msg/s`);
   console.log(`  reports read and applied       ${fmt(processRate)} reports/s`);
+  const perReport = (ms: number) => `${fmt((ms * 1000) / COUNT)} us`;
+  console.log(`  CPU a message, discarding: client and listener (one process) ${perReport(discardCpuMs)}`);
+  console.log(`  CPU a report, stored and applied: client and listener ${perReport(spent.bench)}, worker ${perReport(spent.worker)}, PostgreSQL ${perReport(spent.postgres)}, Redis ${perReport(spent.redis)}`);
   console.log(`  ratio processed / discarded    ${fmt(processRate / discardRate, 2)} (target >= 0.5, and >= 300/s on the quiet machine)`);
 } finally {
   await bench.dispose();
