@@ -7,24 +7,39 @@ export type IdPrefix = (typeof ID_PREFIXES)[number];
 const POOL_BYTES = 4096;
 
 /**
- * Random numbers in [0, 1) for the ULID factory, drawn from a pool of cryptographically random
- * bytes refilled 4 KiB at a time. ulid's own generator asks the OS for one byte per character
- * (16 calls an id whenever the millisecond changes): 40 us an id, a tenth of the CPU of a
- * single send. A byte over 256 maps evenly onto the 32 characters of the alphabet.
+ * Cryptographically random bytes drawn from a pool refilled 4 KiB at a time (randomFillSync).
+ * ulid's own generator asks the OS for one byte per character (16 calls an id whenever the
+ * millisecond changes): 40 us an id, a tenth of the CPU of a single send; nodemailer draws
+ * 8 bytes for each MIME part of every message in the same way.
  */
-function pooledRandom(): () => number {
+function randomPool() {
   const pool = Buffer.allocUnsafe(POOL_BYTES);
   let next = POOL_BYTES;
-  return () => {
+  const byte = () => {
     if (next === POOL_BYTES) {
       randomFillSync(pool);
       next = 0;
     }
-    return pool[next++]! / 256;
+    return pool[next++]!;
+  };
+  return {
+    /** In [0, 1), for the ULID factory: a byte over 256 maps evenly onto its 32 characters. */
+    fraction: () => byte() / 256,
+    hex(bytes: number): string {
+      let out = '';
+      for (let i = 0; i < bytes; i++) out += byte().toString(16).padStart(2, '0');
+      return out;
+    },
   };
 }
 
-const ulid = monotonicFactory(pooledRandom());
+const random = randomPool();
+const ulid = monotonicFactory(random.fraction);
+
+/** `bytes` random bytes in hex (a MIME boundary, a nonce that is not a secret key). */
+export function randomHex(bytes: number): string {
+  return random.hex(bytes);
+}
 
 /**
  * A prefixed id whose body is a lower-case ULID: URL-safe, and sortable by creation time
