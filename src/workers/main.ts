@@ -1,6 +1,7 @@
 import { pathToFileURL } from 'node:url';
 import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices, type Services } from '../shared/container.js';
+import { keepPlannerStatistics } from '../shared/db/planner-statistics.js';
 import { createRedis } from '../shared/redis.js';
 import { processors } from './index.js';
 import { startMetricsServer, type MetricsServer } from './metrics-server.js';
@@ -16,10 +17,13 @@ export async function startWorkerProcess(
   const port = services.config.workerMetricsPort;
   const metricsServer = port === undefined ? undefined : await startMetricsServer(services, port, () => running.paused);
   if (metricsServer) services.logger.info({ port: metricsServer.port }, 'worker metrics listening');
+  // Fast-growing tables are analysed before their prepared statements' plans go stale.
+  const statistics = keepPlannerStatistics(services.orm, services.logger);
   return {
     running,
     metricsServer,
     async close() {
+      await statistics.stop();
       await metricsServer?.close();
       await running.close();
       connection.disconnect();
