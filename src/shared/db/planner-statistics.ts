@@ -27,10 +27,21 @@ const CHECK_EVERY_MS = 5_000;
  * analysed now: at 512 KiB, 2 MiB, 8 MiB and so on up to 1 GiB, a handful of times in a
  * table's life, each reading a sample of 30,000 rows at most.
  */
-export async function refreshPlannerStatistics(orm: Orm, logger: Logger): Promise<GrownTable[]> {
+export async function refreshPlannerStatistics(orm: Orm, logger: Logger, attempted = new Map<string, number>()): Promise<GrownTable[]> {
   const analysed: GrownTable[] = [];
   for (const grown of await grownTables(orm.em, { factor: GROWTH_FACTOR, minPages: MIN_PAGES, maxPages: MAX_PAGES })) {
-    if (!(await analyzeTable(orm.em, grown.table, LOCK_TIMEOUT_MS))) continue;
+    // Tried at this size already (the ANALYZE did not move relpages: a database user that does
+    // not own the table gets a warning instead): not again until it grows as much once more.
+    if (grown.pagesNow < GROWTH_FACTOR * (attempted.get(grown.table) ?? 0)) continue;
+    attempted.set(grown.table, grown.pagesNow);
+    try {
+      if (!(await analyzeTable(orm.em, grown.table, LOCK_TIMEOUT_MS))) continue;
+    } catch (error) {
+      // A lock not granted in time (autovacuum on the table): the next pass tries again.
+      attempted.delete(grown.table);
+      logger.debug({ err: error, table: grown.table }, 'table not analysed yet');
+      continue;
+    }
     logger.info({ table: grown.table, pagesThen: grown.pagesThen, pagesNow: grown.pagesNow }, 'table grew: planner statistics gathered again');
     analysed.push(grown);
   }
@@ -45,8 +56,9 @@ export function keepPlannerStatistics(orm: Orm, logger: Logger, everyMs = CHECK_
   let timer: NodeJS.Timeout | undefined;
   let running: Promise<void> | undefined;
   let stopped = false;
+  const attempted = new Map<string, number>();
   const pass = () => {
-    running = refreshPlannerStatistics(orm, logger)
+    running = refreshPlannerStatistics(orm, logger, attempted)
       .then(
         () => undefined,
         (error: unknown) => logger.warn({ err: error }, 'planner statistics not refreshed; trying again'),
