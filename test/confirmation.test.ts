@@ -4,6 +4,7 @@ import { startWorkers } from '../src/workers/runner.js';
 import { buildConfirmationEmail, confirmationToken } from '../src/shared/subscribers/confirmation.js';
 import { bearer, type TestContext } from './helpers/context.js';
 import { doubleOptInContext } from './helpers/double-opt-in.js';
+import { until } from './helpers/until.js';
 
 let ctx: TestContext;
 let token: string;
@@ -168,8 +169,10 @@ describe('double opt-in end to end through the file transport (issue 3 "done whe
       expect(page.statusCode).toBe(200);
       const [row] = await evidence(created.id);
       expect(row).toMatchObject({ status: 'SUBSCRIBED', confirm_user_agent: 'eml-test' });
-      const sent = await api('GET', `/emails/${emailId}`);
-      expect(sent.json().last_event).toBe('delivered');
+      // The file is renamed into place before the status write (group-committed) reaches
+      // PostgreSQL: the email reads delivered a moment after the file appears.
+      const sent = await until(() => api('GET', `/emails/${emailId}`).then((r) => r.json()), (e) => e.last_event === 'delivered', 5_000);
+      expect(sent.last_event).toBe('delivered');
     } finally {
       await emailWorkers.close();
       emailConnection.disconnect();
