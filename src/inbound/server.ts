@@ -48,9 +48,9 @@ const SOCKET_TIMEOUT_MS = 60_000;
 const MAX_BATCH = 100;
 // Group commits in flight at once. One: a message that arrives while a write is in flight waits
 // for it and goes with every other message waiting into the next statement. Measured against 4
-// (each message its own statement and commit at once) with 4 client connections: 0.34-0.35
-// against 0.31-0.36 of the discarding listener's rate, and a fifth less CPU a report in the
-// listener and in PostgreSQL (bench/README.md): every statement is a round trip to another
+// (each message its own statement and commit at once) with 4 client connections: the same rate
+// (0.34-0.35 of the discarding listener's against 0.31-0.36) for a fifth less CPU a report in
+// the listener and in PostgreSQL (bench/README.md): every statement is a round trip to another
 // process, and on this kind of machine that wake-up is most of a statement's cost.
 const MAX_WRITERS = 1;
 // Stored reports gathered into one job (`storeReports`): at most this long, at most this many
