@@ -30,6 +30,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       rateLimitPerSecond: 50,
       allowUnverifiedDomains: true,
       logLevel: 'info',
+      heapGrowingPercent: 100,
     });
     // Unset means: system resolver, unlimited, all queues, no metrics, no webhook, no dashboard.
     expect(config.mail.smtpUrl).toBeUndefined();
@@ -96,6 +97,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       EMAIL_RETENTION_DAYS: '90',
       SYSTEM_FROM: 'robot@mail.example.com',
       SMTP_MAX_CONNECTIONS: '8',
+      HEAP_GROWING_PERCENT: '0',
     });
     expect(config).toEqual({
       nodeEnv: 'production',
@@ -114,6 +116,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       verifyBlockedDomains: ['spam.example', 'junk.example'],
       rateLimitPerSecond: 200,
       workerQueues: ['maintenance', 'emails'],
+      heapGrowingPercent: 0,
       workerMetricsPort: 9100,
       providerWebhookSecret: 'whsec',
       providers: {

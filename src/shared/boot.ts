@@ -1,3 +1,4 @@
+import { setFlagsFromString } from 'node:v8';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import { createLogger, type Logger } from './logger.js';
 import { resolveSecretKey } from './secret-key.js';
@@ -17,9 +18,22 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
     }
     throw error;
   }
+  limitHeapGrowth(config.heapGrowingPercent);
   const logger = createLogger({ level: config.logLevel, name });
   if (warning) logger.warn(warning);
   return { config, logger };
+}
+
+/**
+ * How far V8 lets the heap grow between major collections: a fixed factor of 1 + percent/100
+ * of the live heap instead of V8's own, which lets a busy process collect up to about three
+ * times its live heap in garbage (docs/operations.md "Memory"). Unlike a heap limit
+ * (`--max-old-space-size`) it caps nothing: a burst of large messages makes the heap grow, it
+ * cannot end the process out of memory. V8 reads the flag at every collection, so setting it
+ * at boot is as good as on node's command line. 0 gives V8 its own heuristic back.
+ */
+export function limitHeapGrowth(percent: number): void {
+  setFlagsFromString(`--heap-growing-percent=${percent}`);
 }
 
 export interface Shutdown {

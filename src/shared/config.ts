@@ -72,6 +72,8 @@ const envSchema = z
     // at least 1; 0 signs on the worker's event loop).
     DKIM_SIGNING_THREADS: z.coerce.number().int().min(0).max(64).optional(),
     SMTP_MAX_CONNECTIONS: z.coerce.number().int().min(1).max(1000).default(16),
+    // V8's heap growth between major collections (docs/operations.md "Memory"); 0: V8's own.
+    HEAP_GROWING_PERCENT: z.coerce.number().int().min(0).max(1000).default(100),
     EMAIL_RECONCILE_EVERY_MS: optionalPositiveInt,
     EMAIL_RECONCILE_GRACE_MS: z.coerce.number().int().min(0).optional(),
     WORKER_QUEUES: z
@@ -204,6 +206,8 @@ export interface Config {
   verifyBlockedDomains: string[];
   rateLimitPerSecond: number;
   workerQueues?: string[];
+  /** V8's heap growing factor, in percent over 1 (0: V8's own heuristic); set at boot. */
+  heapGrowingPercent: number;
   workerMetricsPort?: number;
   /** How often the email reconciler runs, and how old a queued email must be for it. */
   emailReconcileEveryMs?: number;
@@ -298,6 +302,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     verifyBlockedDomains: e.VERIFY_BLOCKED_DOMAINS,
     rateLimitPerSecond: e.RATE_LIMIT_PER_SECOND,
     workerQueues: e.WORKER_QUEUES,
+    heapGrowingPercent: e.HEAP_GROWING_PERCENT,
     workerMetricsPort: e.WORKER_METRICS_PORT,
     emailReconcileEveryMs: e.EMAIL_RECONCILE_EVERY_MS,
     emailReconcileGraceMs: e.EMAIL_RECONCILE_GRACE_MS,

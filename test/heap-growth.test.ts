@@ -1,0 +1,22 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { ROOT } from './helpers/process.js';
+
+const run = promisify(execFile);
+
+/** Peak RSS (bytes) of the fixture's allocation pattern with HEAP_GROWING_PERCENT = `percent`. */
+async function peakRss(percent: number): Promise<number> {
+  const { stdout } = await run(process.execPath, ['--import', 'tsx', 'test/fixtures/heap-growth.ts', String(percent)], { cwd: ROOT });
+  return Number(stdout.split(' ')[0]);
+}
+
+// The service sets V8's heap growing factor at boot (HEAP_GROWING_PERCENT, default 100): the
+// same allocations must then peak well below V8's own heuristic (0), which lets garbage pile
+// up to about three times the live heap between major collections.
+describe('heap growth set at boot', () => {
+  it('keeps the peak RSS of a busy process below what V8 alone lets it reach', async () => {
+    const [own, limited] = await Promise.all([peakRss(0), peakRss(100)]);
+    expect(limited).toBeLessThan(own * 0.85);
+  }, 30_000);
+});
