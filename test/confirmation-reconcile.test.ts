@@ -2,11 +2,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QueueProducer } from '../src/shared/queues/producer.js';
 import { createSubscriber } from '../src/shared/subscribers/service.js';
 import type { TestContext } from './helpers/context.js';
-import { doubleOptInContext } from './helpers/double-opt-in.js';
+import { doubleOptInContext, finishedJob as finishedJobOf } from './helpers/double-opt-in.js';
 
 /**
- * Issue 16 item 5: the confirmation email of double opt-in survives a Redis failure after
- * the subscriber's commit, as an email does (the reconciler enqueues it again).
+ * The confirmation email of double opt-in survives a Redis failure after the subscriber's
+ * commit, as an email does (the reconciler enqueues it again).
  */
 
 let ctx: TestContext;
@@ -31,16 +31,8 @@ function producerWithRedisDown(): QueueProducer {
   return producer;
 }
 
-async function finishedJob(id: string, timeoutMs = 10_000) {
-  const queue = ctx.services.producer.queue('subscribers');
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    // One read of the job: its finish time and return value come together.
-    const job = await queue.getJob(id);
-    if (job?.finishedOn && !job.failedReason) return job;
-    if (Date.now() > deadline) return undefined;
-    await new Promise((r) => setTimeout(r, 25));
-  }
+function finishedJob(id: string) {
+  return finishedJobOf(ctx, id);
 }
 
 function sql<T>(text: string, params: unknown[] = []): Promise<T[]> {

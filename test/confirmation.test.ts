@@ -3,7 +3,7 @@ import { createRedis } from '../src/shared/redis.js';
 import { startWorkers } from '../src/workers/runner.js';
 import { buildConfirmationEmail, confirmationToken } from '../src/shared/subscribers/confirmation.js';
 import { bearer, type TestContext } from './helpers/context.js';
-import { doubleOptInContext } from './helpers/double-opt-in.js';
+import { doubleOptInContext, finishedJob as finishedJobOf } from './helpers/double-opt-in.js';
 import { until } from './helpers/until.js';
 
 let ctx: TestContext;
@@ -21,14 +21,8 @@ function api(method: 'GET' | 'POST' | 'PATCH', url: string, body?: unknown) {
   return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(token), ...(body === undefined ? {} : { payload: body as object }) });
 }
 
-async function finishedJob(id: string) {
-  const queue = ctx.services.producer.queue('subscribers');
-  const deadline = Date.now() + 5_000;
-  for (;;) {
-    const job = await queue.getJob(id);
-    if ((job && job.finishedOn) || Date.now() > deadline) return job;
-    await new Promise((r) => setTimeout(r, 25));
-  }
+function finishedJob(id: string) {
+  return finishedJobOf(ctx, id);
 }
 
 function evidence(id: string) {

@@ -2,6 +2,7 @@ import { createRedis, waitForRedis } from '../../src/shared/redis.js';
 import { startWorkers } from '../../src/workers/runner.js';
 import { subscribersProcessor } from '../../src/workers/subscribers.js';
 import { createOrg, createTestContext, type TestContext } from './context.js';
+import { until } from './until.js';
 
 /**
  * A test service with an organization that uses double opt-in and the subscribers worker
@@ -24,4 +25,11 @@ export async function doubleOptInContext(): Promise<{ ctx: TestContext; token: s
       await ctx.close();
     },
   };
+}
+
+/** The `subscribers` job of this id once it has finished (completed or failed). */
+export async function finishedJob(ctx: TestContext, id: string, timeoutMs = 10_000) {
+  const queue = ctx.services.producer.queue('subscribers');
+  // One read of the job: its finish time and return value come together.
+  return until(() => queue.getJob(id), (job) => Boolean(job?.finishedOn), timeoutMs);
 }

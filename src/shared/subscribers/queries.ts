@@ -211,25 +211,21 @@ export async function selectTagIdsByName(db: Db, organizationId: string, names: 
 
 // ---------------------------------------------------------------- tags
 
-async function executeRows<T>(em: Execute, sql: string, params: unknown[]): Promise<T[]> {
-  return (await em.execute(sql, params as never[])) as T[];
-}
-
 export async function selectTags(em: Execute, organizationId: string): Promise<TagRef[]> {
-  return executeRows<TagRef>(em, 'select id, name from tags where organization_id = ? order by lower(name), id', [organizationId]);
+  return rows<TagRef>(em, 'select id, name from tags where organization_id = ? order by lower(name), id', [organizationId]);
 }
 
 export async function selectTagById(em: Execute, organizationId: string, id: string): Promise<TagRef | undefined> {
-  return (await executeRows<TagRef>(em, 'select id, name from tags where organization_id = ? and id = ?', [organizationId, id]))[0];
+  return (await rows<TagRef>(em, 'select id, name from tags where organization_id = ? and id = ?', [organizationId, id]))[0];
 }
 
 export async function selectTagByName(em: Execute, organizationId: string, name: string): Promise<TagRef | undefined> {
-  return (await executeRows<TagRef>(em, 'select id, name from tags where organization_id = ? and lower(name) = lower(?)', [organizationId, name]))[0];
+  return (await rows<TagRef>(em, 'select id, name from tags where organization_id = ? and lower(name) = lower(?)', [organizationId, name]))[0];
 }
 
 /** The new tag, or undefined when the name is taken (any case). */
 export async function insertTag(em: Execute, tag: { id: string; organizationId: string; name: string; now: Date }): Promise<TagRef | undefined> {
-  const inserted = await executeRows<TagRef>(
+  const inserted = await rows<TagRef>(
     em,
     `insert into tags (id, organization_id, name, created_at, updated_at) values (?, ?, ?, ?, ?)
      on conflict (organization_id, lower(name)) do nothing returning id, name`,
@@ -239,7 +235,7 @@ export async function insertTag(em: Execute, tag: { id: string; organizationId: 
 }
 
 export async function updateTagName(em: Execute, id: string, name: string, now: Date): Promise<TagRef | undefined> {
-  return (await executeRows<TagRef>(em, 'update tags set name = ?, updated_at = ? where id = ? returning id, name', [name, now, id]))[0];
+  return (await rows<TagRef>(em, 'update tags set name = ?, updated_at = ? where id = ? returning id, name', [name, now, id]))[0];
 }
 
 // ---------------------------------------------------------------- import
