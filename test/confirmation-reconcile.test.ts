@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QueueProducer } from '../src/shared/queues/producer.js';
 import { createSubscriber } from '../src/shared/subscribers/service.js';
 import type { TestContext } from './helpers/context.js';
+import { until } from './helpers/until.js';
 import { doubleOptInContext, finishedJob as finishedJobOf } from './helpers/double-opt-in.js';
 
 /**
@@ -73,6 +74,22 @@ describe('double opt-in: a confirmation whose job is lost after the commit', () 
     // Handed over: no longer owed, and the reconciler has nothing left to do.
     expect(await sql('select 1 from subscriber_confirmations where subscriber_id = ?', [subscriber!.id])).toHaveLength(0);
     expect((await reconcile()).requeued).toBe(0);
+  });
+
+  it('is no longer owed once its job has failed, so failed ones cannot fill the reconciler\'s page', async () => {
+    const deps = { em: ctx.services.orm.em.fork(), producer: producerWithRedisDown(), clock: () => new Date() };
+    await expect(createSubscriber(deps, organizationId, { email: 'failed-job@example.com' })).rejects.toThrow(/closed/);
+    const [subscriber] = await sql<{ id: string }>('select id from subscribers where email = ?', ['failed-job@example.com']);
+    // Its job ran and failed for good (one attempt, an error that is not an outage).
+    const jobId = `confirm-${subscriber!.id}`;
+    await ctx.services.producer.queue('subscribers').add('no-such-job' as never, {} as never, { jobId, attempts: 1 });
+    await until(() => ctx.services.producer.queue('subscribers').getJob(jobId).then((j) => j?.getState()), (state) => state === 'failed');
+    await sql(`update subscriber_confirmations set created_at = now() - interval '5 minutes' where subscriber_id = ?`, [subscriber!.id]);
+
+    expect((await reconcile()).requeued).toBe(0);
+    expect(await sql('select 1 from subscriber_confirmations where subscriber_id = ?', [subscriber!.id])).toHaveLength(0);
+    // The failed job stays, for the operator.
+    expect(await (await ctx.services.producer.queue('subscribers').getJob(jobId))?.getState()).toBe('failed');
   });
 
   it('is owed only until its job has run when Redis is up', async () => {

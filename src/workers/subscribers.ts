@@ -74,14 +74,20 @@ const RECONCILE_PAGE = 1_000;
  */
 async function reconcileConfirmations(ctx: JobContext): Promise<number> {
   const queue = ctx.services.producer.queue('subscribers');
-  const owed = await selectOverdueConfirmations(ctx.em, new Date(ctx.services.clock().getTime() - RECONCILE_GRACE_MS), RECONCILE_PAGE);
+  const before = new Date(ctx.services.clock().getTime() - RECONCILE_GRACE_MS);
+  const owed = await selectOverdueConfirmations(ctx.em, before, RECONCILE_PAGE);
   const missing: string[] = [];
   for (const subscriberId of owed) {
     const job = await queue.getJob(confirmationJobId(subscriberId));
     if (job) {
-      // Waiting, delayed or running: it will clear the record. Failed (its attempts spent on
-      // an error that is not an outage): kept for the operator, not retried every minute.
-      if ((await job.getState()) !== 'completed') continue;
+      const state = await job.getState();
+      // Failed (its attempts spent on an error that is not an outage): the failed job is the
+      // operator's record, and it is not retried every minute. The confirmation is no longer
+      // owed: left in place, such records would fill the reconciler's page (the oldest first)
+      // and hide newer confirmations whose job Redis lost.
+      if (state === 'failed') await deleteConfirmationDue(ctx.em, subscriberId, before);
+      // Waiting, delayed or running: it will clear the record.
+      if (state !== 'completed') continue;
       await job.remove();
     }
     missing.push(subscriberId);
