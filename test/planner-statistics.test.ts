@@ -71,3 +71,37 @@ describe('planner statistics of a table that grew', () => {
     expect((await refreshPlannerStatistics(ctx.services.orm, createLogger({ level: 'silent' }))).map((a) => a.table)).not.toContain('emails');
   });
 });
+
+describe('planner statistics pass: errors', () => {
+  // A catalog that reports one grown table, and a connection whose ANALYZE fails with `code`.
+  const failingOrm = (code: string) => {
+    const connection = {
+      query: async (text: string | { text: string }) => {
+        const sqlText = typeof text === 'string' ? text : text.text;
+        if (sqlText.startsWith('analyze')) throw Object.assign(new Error('analyze failed'), { code });
+        if (sqlText.includes('pg_try_advisory_xact_lock')) return { rows: [{ locked: true }] };
+        return { rows: [] };
+      },
+    };
+    const em = {
+      execute: async () => [{ table: 'emails', pages_then: 0, pages_now: '100' }],
+      getKnex: () => ({ client: { acquireConnection: async () => connection, releaseConnection: async () => {} } }),
+    };
+    return { em } as unknown as Orm;
+  };
+  const spyLogger = () => {
+    const calls: { level: string; msg: string }[] = [];
+    const at = (level: string) => (_obj: unknown, msg: string) => void calls.push({ level, msg });
+    return { calls, logger: { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') } as unknown as ReturnType<typeof createLogger> };
+  };
+
+  it('logs a lock not granted at debug level, any other failure of the ANALYZE as a warning', async () => {
+    const locked = spyLogger();
+    expect(await refreshPlannerStatistics(failingOrm('55P03'), locked.logger)).toEqual([]);
+    expect(locked.calls.map((c) => c.level)).toEqual(['debug']);
+
+    const broken = spyLogger();
+    expect(await refreshPlannerStatistics(failingOrm('XX000'), broken.logger)).toEqual([]);
+    expect(broken.calls.map((c) => c.level)).toEqual(['warn']);
+  });
+});

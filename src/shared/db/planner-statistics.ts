@@ -37,9 +37,11 @@ export async function refreshPlannerStatistics(orm: Orm, logger: Logger, attempt
     try {
       if (!(await analyzeTable(orm.em, grown.table, LOCK_TIMEOUT_MS))) continue;
     } catch (error) {
-      // A lock not granted in time (autovacuum on the table): the next pass tries again.
+      // The next pass tries again. A lock not granted in time (55P03: autovacuum on the
+      // table) is routine; any other error is not, and is not hidden at debug level.
       attempted.delete(grown.table);
-      logger.debug({ err: error, table: grown.table }, 'table not analysed yet');
+      if ((error as { code?: unknown }).code === '55P03') logger.debug({ err: error, table: grown.table }, 'table not analysed yet');
+      else logger.warn({ err: error, table: grown.table }, 'table not analysed; trying again');
       continue;
     }
     logger.info({ table: grown.table, pagesThen: grown.pagesThen, pagesNow: grown.pagesNow }, 'table grew: planner statistics gathered again');
