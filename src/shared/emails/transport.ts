@@ -86,9 +86,6 @@ export interface MailTransportOptions {
 
 const CONNECT_TIMEOUT_MS = 10_000;
 
-// Enough parallel SMTP sessions to keep a relay busy without looking like a flood.
-const DEFAULT_MAX_CONNECTIONS = 16;
-
 function mailOptions(message: OutgoingMessage): SendMailOptions {
   // `baseBoundary` is read by nodemailer's MailComposer (mail-composer/index.js), absent from its types.
   const options: SendMailOptions & { baseBoundary: string } = {
@@ -166,7 +163,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
   const pool: SmtpPool = new SMTPPool({
     ...smtpConnection(config.smtpUrl),
     pool: true,
-    maxConnections: options.maxConnections ?? config.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
+    maxConnections: options.maxConnections ?? config.maxConnections,
     maxMessages: Infinity,
     connectionTimeout: CONNECT_TIMEOUT_MS,
     greetingTimeout: 10_000,
