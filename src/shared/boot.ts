@@ -30,10 +30,11 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
  * times its live heap in garbage (docs/operations.md "Memory"). Unlike a heap limit
  * (`--max-old-space-size`) it caps nothing: a burst of large messages makes the heap grow, it
  * cannot end the process out of memory. V8 reads the flag at every collection, so setting it
- * at boot is as good as on node's command line. 0 gives V8 its own heuristic back.
+ * at boot is as good as on node's command line. 0 leaves V8 its own heuristic (and a
+ * `--heap-growing-percent` given to node by hand) untouched.
  */
 export function limitHeapGrowth(percent: number): void {
-  setFlagsFromString(`--heap-growing-percent=${percent}`);
+  if (percent > 0) setFlagsFromString(`--heap-growing-percent=${percent}`);
 }
 
 export interface Shutdown {
