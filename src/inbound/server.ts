@@ -5,7 +5,7 @@ import type { ReturnPaths } from '../shared/bounces/return-path.js';
 import { insertReports, newReportId, type NewReport } from '../shared/bounces/queries.js';
 import type { Services } from '../shared/container.js';
 import type { Logger } from '../shared/logger.js';
-import { SmtpReplyError } from '../shared/submission/reply.js';
+import { replies, SmtpReplyError } from '../shared/submission/reply.js';
 
 /** One accepted message: its envelope and bytes, for each valid return-path recipient. */
 export interface InboundMessage {
@@ -62,7 +62,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
   const refused = options.onRefused ?? (() => {});
   const tooBig = () => {
     refused();
-    return new SmtpReplyError(552, '5.3.4', `Message too big: the limit is ${options.maxMessageBytes} bytes`);
+    return replies.tooBig(options.maxMessageBytes);
   };
   // The email of each accepted recipient, from its token checked at RCPT (an HMAC: not twice).
   const emailIds = new WeakMap<SMTPServerAddress, string>();
@@ -89,7 +89,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
       callback();
     },
     onRcptTo(address: SMTPServerAddress, session: SMTPServerSession, callback) {
-      if (session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(new SmtpReplyError(452, '4.5.3', 'Too many recipients'));
+      if (session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(replies.tooManyRecipients(MAX_RECIPIENTS));
       const verified = returnPaths.verify(address.address);
       if (!verified) {
         refused();
@@ -114,7 +114,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
           () => callback(),
           (error: unknown) => {
             logger.warn({ err: error }, 'inbound report not stored; the sender will retry');
-            callback(new SmtpReplyError(451, '4.3.0', 'Temporary failure, please try again later'));
+            callback(replies.tryLater());
           },
         );
       });
