@@ -95,7 +95,8 @@ export async function startInboundServer(options: InboundServerOptions): Promise
         refused();
         return callback(new SmtpReplyError(550, '5.1.1', 'No such recipient here'));
       }
-      // smtp-server adds this very object to the envelope's recipients.
+      // smtp-server adds this very object to the envelope's recipients (a repeated address
+      // replaces the earlier one, and went through here too): onData finds each one here.
       emailIds.set(address, verified.emailId);
       callback();
     },
@@ -108,7 +109,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
       stream.once('error', (error) => callback(error));
       stream.once('end', () => {
         if (stream.sizeExceeded) return callback(tooBig());
-        const recipients = session.envelope.rcptTo.map((r) => ({ address: r.address, emailId: emailIds.get(r) ?? returnPaths.verify(r.address)!.emailId }));
+        const recipients = session.envelope.rcptTo.map((r) => ({ address: r.address, emailId: emailIds.get(r)! }));
         const mailFrom = session.envelope.mailFrom ? session.envelope.mailFrom.address : '';
         options.accept({ mailFrom, recipients, raw: Buffer.concat(chunks) }).then(
           () => callback(),
