@@ -60,6 +60,19 @@ afterAll(async () => {
 
 const sql = <T = Record<string, unknown>>(query: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute<T[]>(query, params, 'all');
 
+/** A listener of its own, without TLS, that drops what it accepts (`maxConnections` at once). */
+function startBareServer(maxConnections: number): Promise<InboundServer> {
+  return startInboundServer({
+    host: '127.0.0.1',
+    port: 0,
+    maxMessageBytes: 1024 * 1024,
+    maxConnections,
+    returnPaths: ctx.services.returnPaths,
+    logger: ctx.services.logger,
+    accept: async () => {},
+  });
+}
+
 async function getEmail(id: string, token = acme.token) {
   const response = await ctx.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(token) });
   expect(response.statusCode).toBe(200);
@@ -289,15 +302,7 @@ describe('bad input is refused or ignored without effect, and the listener keeps
   });
 
   it('turns away a connection past INBOUND_MAX_CONNECTIONS (421), and serves again once one closes', async () => {
-    const small = await startInboundServer({
-      host: '127.0.0.1',
-      port: 0,
-      maxMessageBytes: 1024 * 1024,
-      maxConnections: 1,
-      returnPaths: ctx.services.returnPaths,
-      logger: ctx.services.logger,
-      accept: async () => {},
-    });
+    const small = await startBareServer(1);
     const first = await openDialog(small.port);
     try {
       expect(first.greeting).toMatch(/^220 /);
@@ -417,15 +422,7 @@ describe('STARTTLS', () => {
   });
 
   it('is not offered without a certificate: a client requiring TLS is turned away', async () => {
-    const plain = await startInboundServer({
-      host: '127.0.0.1',
-      port: 0,
-      maxMessageBytes: 1024 * 1024,
-      maxConnections: 5,
-      returnPaths: ctx.services.returnPaths,
-      logger: ctx.services.logger,
-      accept: async () => {},
-    });
+    const plain = await startBareServer(5);
     try {
       const sent = await send('no-tls@example.com');
       const client = nodemailer.createTransport({ host: '127.0.0.1', port: plain.port, secure: false, requireTLS: true, connectionTimeout: 5_000 });
