@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startInbound, startInboundServer, type InboundServer } from '../src/inbound/server.js';
+import { startInbound, startInboundServer, type InboundServer, type InboundServerOptions } from '../src/inbound/server.js';
 import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
@@ -59,6 +59,19 @@ afterAll(async () => {
 });
 
 const sql = <T = Record<string, unknown>>(query: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute<T[]>(query, params, 'all');
+
+/** A listener of its own, without TLS, that hands what it accepts to `accept` (by default drops it). */
+function startBareServer(maxConnections: number, accept: InboundServerOptions['accept'] = async () => {}): Promise<InboundServer> {
+  return startInboundServer({
+    host: '127.0.0.1',
+    port: 0,
+    maxMessageBytes: 1024 * 1024,
+    maxConnections,
+    returnPaths: ctx.services.returnPaths,
+    logger: ctx.services.logger,
+    accept,
+  });
+}
 
 async function getEmail(id: string, token = acme.token) {
   const response = await ctx.app.inject({ url: `/api/v2/emails/${id}`, headers: bearer(token) });
@@ -289,15 +302,7 @@ describe('bad input is refused or ignored without effect, and the listener keeps
   });
 
   it('turns away a connection past INBOUND_MAX_CONNECTIONS (421), and serves again once one closes', async () => {
-    const small = await startInboundServer({
-      host: '127.0.0.1',
-      port: 0,
-      maxMessageBytes: 1024 * 1024,
-      maxConnections: 1,
-      returnPaths: ctx.services.returnPaths,
-      logger: ctx.services.logger,
-      accept: async () => {},
-    });
+    const small = await startBareServer(1);
     const first = await openDialog(small.port);
     try {
       expect(first.greeting).toMatch(/^220 /);
@@ -318,6 +323,35 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     } finally {
       first.close();
       await small.close();
+    }
+  });
+
+  it('answers 451 4.3.0 when the report cannot be stored, and 250 to the retry once it can', async () => {
+    // docs/outcomes.md "Bounces and complaints by mail": PostgreSQL unavailable while storing.
+    let storing: 'down' | 'up' = 'down';
+    const stored: string[] = [];
+    const flaky = await startBareServer(5, async (message) => {
+      if (storing === 'down') throw new Error('connection refused');
+      stored.push(...message.recipients.map((r) => r.emailId));
+    });
+    const emailId = newId('eml');
+    const dialog = await openDialog(flaky.port);
+    try {
+      expect(await dialog.send('EHLO mta.example.net')).toMatch(/^250/);
+      const transaction = async () => {
+        expect(await dialog.send('MAIL FROM:<>')).toMatch(/^250 /);
+        expect(await dialog.send(`RCPT TO:<${ctx.services.returnPaths.address(emailId, 'bounces.acme.test')}>`)).toMatch(/^250 /);
+        expect(await dialog.send('DATA')).toMatch(/^354 /);
+        return dialog.send('Subject: Undelivered Mail\r\n\r\nNo such user.\r\n.');
+      };
+      expect(await transaction()).toMatch(/^451 4\.3\.0 /);
+      expect(stored).toEqual([]);
+      storing = 'up';
+      expect(await transaction()).toMatch(/^250 /);
+      expect(stored).toEqual([emailId]);
+    } finally {
+      dialog.close();
+      await flaky.close();
     }
   });
 
@@ -417,15 +451,7 @@ describe('STARTTLS', () => {
   });
 
   it('is not offered without a certificate: a client requiring TLS is turned away', async () => {
-    const plain = await startInboundServer({
-      host: '127.0.0.1',
-      port: 0,
-      maxMessageBytes: 1024 * 1024,
-      maxConnections: 5,
-      returnPaths: ctx.services.returnPaths,
-      logger: ctx.services.logger,
-      accept: async () => {},
-    });
+    const plain = await startBareServer(5);
     try {
       const sent = await send('no-tls@example.com');
       const client = nodemailer.createTransport({ host: '127.0.0.1', port: plain.port, secure: false, requireTLS: true, connectionTimeout: 5_000 });

@@ -5,7 +5,7 @@ import type { ReturnPaths } from '../shared/bounces/return-path.js';
 import { insertReports, newReportId, type NewReport } from '../shared/bounces/queries.js';
 import type { Services } from '../shared/container.js';
 import type { Logger } from '../shared/logger.js';
-import { SmtpReplyError } from '../shared/submission/reply.js';
+import { replies, SmtpReplyError } from '../shared/submission/reply.js';
 
 /** One accepted message: its envelope and bytes, for each valid return-path recipient. */
 export interface InboundMessage {
@@ -46,13 +46,6 @@ const MAX_RECIPIENTS = 10;
 const SOCKET_TIMEOUT_MS = 60_000;
 // Messages written by one INSERT (group commit, `storeReports`).
 const MAX_BATCH = 100;
-// Group commits in flight at once. One: a message that arrives while a write is in flight waits
-// for it and goes with every other message waiting into the next statement. Measured against 4
-// (each message its own statement and commit at once) with 4 client connections: the same rate
-// (0.34-0.35 of the discarding listener's against 0.31-0.36) for a fifth less CPU a report in
-// the listener and in PostgreSQL (bench/README.md): every statement is a round trip to another
-// process, and on this kind of machine that wake-up is most of a statement's cost.
-const MAX_WRITERS = 1;
 // Stored reports gathered into one job (`storeReports`): at most this long, at most this many
 // (the job payload's limit is 1,000).
 const ENQUEUE_WINDOW_MS = 100;
@@ -69,7 +62,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
   const refused = options.onRefused ?? (() => {});
   const tooBig = () => {
     refused();
-    return new SmtpReplyError(552, '5.3.4', `Message too big: the limit is ${options.maxMessageBytes} bytes`);
+    return replies.tooBig(options.maxMessageBytes);
   };
   // The email of each accepted recipient, from its token checked at RCPT (an HMAC: not twice).
   const emailIds = new WeakMap<SMTPServerAddress, string>();
@@ -96,13 +89,14 @@ export async function startInboundServer(options: InboundServerOptions): Promise
       callback();
     },
     onRcptTo(address: SMTPServerAddress, session: SMTPServerSession, callback) {
-      if (session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(new SmtpReplyError(452, '4.5.3', 'Too many recipients'));
+      if (session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(replies.tooManyRecipients(MAX_RECIPIENTS));
       const verified = returnPaths.verify(address.address);
       if (!verified) {
         refused();
         return callback(new SmtpReplyError(550, '5.1.1', 'No such recipient here'));
       }
-      // smtp-server adds this very object to the envelope's recipients.
+      // smtp-server adds this very object to the envelope's recipients (a repeated address
+      // replaces the earlier one, and went through here too): onData finds each one here.
       emailIds.set(address, verified.emailId);
       callback();
     },
@@ -115,13 +109,13 @@ export async function startInboundServer(options: InboundServerOptions): Promise
       stream.once('error', (error) => callback(error));
       stream.once('end', () => {
         if (stream.sizeExceeded) return callback(tooBig());
-        const recipients = session.envelope.rcptTo.map((r) => ({ address: r.address, emailId: emailIds.get(r) ?? returnPaths.verify(r.address)!.emailId }));
+        const recipients = session.envelope.rcptTo.map((r) => ({ address: r.address, emailId: emailIds.get(r)! }));
         const mailFrom = session.envelope.mailFrom ? session.envelope.mailFrom.address : '';
         options.accept({ mailFrom, recipients, raw: Buffer.concat(chunks) }).then(
           () => callback(),
           (error: unknown) => {
             logger.warn({ err: error }, 'inbound report not stored; the sender will retry');
-            callback(new SmtpReplyError(451, '4.3.0', 'Temporary failure, please try again later'));
+            callback(replies.tryLater());
           },
         );
       });
@@ -152,9 +146,13 @@ export async function startInboundServer(options: InboundServerOptions): Promise
  * added (Redis down or lost, or the process gone before it) is added by the reconciler
  * (workers/inbound.ts) a minute later.
  *
- * Writes: up to MAX_WRITERS statements in flight, each on its own pooled connection, each
- * taking every message waiting (one INSERT, one commit). The answer waits for a durable
- * commit. A message arriving on an idle listener is written at once: no timer.
+ * Writes: one statement in flight at a time, taking every message waiting (up to MAX_BATCH:
+ * one INSERT, one commit); a message that arrives meanwhile waits for it and goes with the
+ * next group. The answer waits for a durable commit. A message arriving on an idle listener
+ * is written at once: no timer. Measured against four statements in flight (each message its
+ * own statement and commit), one gives the same rate for a fifth less CPU a report in the
+ * listener and in PostgreSQL (bench/README.md): every statement is a round trip to another
+ * process, and that wake-up is most of a statement's cost.
  *
  * Jobs are coalesced: the reports committed within ENQUEUE_WINDOW_MS go to one job (up to
  * ENQUEUE_MAX), so the worker reads them in one transaction with one statement a table;
@@ -163,7 +161,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
  */
 function storeReports(services: Services): { accept: (message: InboundMessage) => Promise<void>; close: () => Promise<void> } {
   const waiting: { reports: NewReport[]; done: () => void; failed: (error: unknown) => void }[] = [];
-  const writers = new Set<Promise<void>>();
+  let writing: Promise<void> | undefined;
   const unqueued: string[] = [];
   let timer: NodeJS.Timeout | undefined;
   const adding = new Set<Promise<unknown>>();
@@ -182,20 +180,26 @@ function storeReports(services: Services): { accept: (message: InboundMessage) =
   };
 
   const writeBatches = async () => {
-    while (waiting.length > 0) {
-      const batch = waiting.splice(0, MAX_BATCH);
-      const reports = batch.flatMap((b) => b.reports);
-      try {
-        await insertReports(services.orm.em, reports, services.clock());
-      } catch (error) {
-        for (const b of batch) b.failed(error);
-        continue;
+    try {
+      while (waiting.length > 0) {
+        const batch = waiting.splice(0, MAX_BATCH);
+        const reports = batch.flatMap((b) => b.reports);
+        try {
+          await insertReports(services.orm.em, reports, services.clock());
+        } catch (error) {
+          for (const b of batch) b.failed(error);
+          continue;
+        }
+        // Committed: the sender may drop its copy now.
+        for (const b of batch) b.done();
+        for (const r of reports) unqueued.push(r.id);
+        if (unqueued.length >= ENQUEUE_MAX) enqueue();
+        else timer ??= setTimeout(enqueue, ENQUEUE_WINDOW_MS);
       }
-      // Committed: the sender may drop its copy now.
-      for (const b of batch) b.done();
-      for (const r of reports) unqueued.push(r.id);
-      if (unqueued.length >= ENQUEUE_MAX) enqueue();
-      else timer ??= setTimeout(enqueue, ENQUEUE_WINDOW_MS);
+    } finally {
+      // In the same turn as the last look at `waiting` (after the first await, so after
+      // `writing` was set): the next message starts a write of its own.
+      writing = undefined;
     }
   };
 
@@ -204,15 +208,11 @@ function storeReports(services: Services): { accept: (message: InboundMessage) =
       new Promise<void>((resolve, reject) => {
         const reports = message.recipients.map((r) => ({ id: newReportId(), emailId: r.emailId, mailFrom: message.mailFrom, rcptTo: r.address, raw: message.raw }));
         waiting.push({ reports, done: resolve, failed: reject });
-        if (writers.size < MAX_WRITERS) {
-          const writer = writeBatches();
-          writers.add(writer);
-          void writer.finally(() => writers.delete(writer));
-        }
+        writing ??= writeBatches();
       }),
     /** Enqueues what is stored and not enqueued yet (graceful shutdown). */
     close: async () => {
-      await Promise.all(writers);
+      await writing;
       enqueue();
       await Promise.all(adding);
     },

@@ -53,11 +53,16 @@ interface ReportParts {
   status: string | undefined;
 }
 
+/** What a report says of the returned message, from its headers when it carries them. */
+function returnedMessage(returned: string | undefined): Pick<ReadReport, 'originalMessageId' | 'loop'> {
+  const headers = returned !== undefined ? parseHeaderBlock(returned) : undefined;
+  return { originalMessageId: bareMessageId(headers?.get('message-id')), loop: headers ? isAutomatic(headers) : false };
+}
+
+/** A DSN, read from its parts; undefined without a delivery-status part. */
 function fromParts(parts: ReportParts): ReadReport | undefined {
-  const returnedHeaders = parts.returned !== undefined ? parseHeaderBlock(parts.returned) : undefined;
-  const originalMessageId = bareMessageId(returnedHeaders?.get('message-id'));
-  const loop = returnedHeaders ? isAutomatic(returnedHeaders) : false;
   if (parts.status === undefined) return undefined;
+  const { originalMessageId, loop } = returnedMessage(parts.returned);
   // The first block is per message (Reporting-MTA, ...), the others one per recipient.
   const recipients = parseFieldBlocks(parts.status)
     .filter((block) => block.has('action'))
@@ -138,11 +143,10 @@ export async function readWithMailparser(raw: Buffer, mailFrom: string): Promise
   const parts = mail.attachments;
   const returned = parts.find((a) => RETURNED_TYPES.has(a.contentType));
   const status = parts.find((a) => STATUS_TYPES.has(a.contentType));
-  const dsn = fromParts({ returned: returned ? partText(returned) : undefined, status: status ? partText(status) : undefined });
+  const returnedText = returned ? partText(returned) : undefined;
+  const dsn = fromParts({ returned: returnedText, status: status ? partText(status) : undefined });
   if (dsn) return dsn;
-  const returnedHeaders = returned ? parseHeaderBlock(partText(returned)) : undefined;
-  const originalMessageId = bareMessageId(returnedHeaders?.get('message-id'));
-  const loop = returnedHeaders ? isAutomatic(returnedHeaders) : false;
+  const { originalMessageId, loop } = returnedMessage(returnedText);
 
   const feedback = parts.find((a) => a.contentType === 'message/feedback-report');
   if (feedback) {
