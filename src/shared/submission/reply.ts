@@ -13,7 +13,7 @@ export class SmtpReplyError extends Error {
   }
 }
 
-/** The replies the submission listener gives, in one place. */
+/** The replies the SMTP listeners give (submission, and the inbound listener for bounces), in one place. */
 export const replies = {
   authRequired: '5.7.0 Authentication required',
   badCredentials: () => new SmtpReplyError(535, '5.7.8', 'Authentication credentials invalid'),
