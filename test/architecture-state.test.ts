@@ -37,7 +37,7 @@ const IMMUTABLE: Record<string, string> = {
   // Memos of pure transforms: the same input gives the same output whatever the app or its
   // configuration, so sharing them across a process is harmless.
   'src/shared/db/sql.ts:numbered': 'the same memo, where the data-access helper moves it',
-  'src/shared/emails/dkim-pool.ts:parsedKeys': 'memo of PEM -> KeyObject',
+  'src/shared/emails/dkim-sign.ts:parsedKeys': 'memo of PEM -> KeyObject',
   'src/shared/bounces/queries.ts:insertTexts': 'memo of a row count -> its INSERT text',
 };
 

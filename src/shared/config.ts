@@ -68,9 +68,6 @@ const envSchema = z
       .transform((v) => (v ?? '').split(',').map((s) => s.trim().toLowerCase().replace(/\.$/, '')).filter(Boolean)),
     RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
-    // Delivery engine: worker threads that DKIM-sign outgoing mail (default: the cores but one,
-    // at least 1; 0 signs on the worker's event loop).
-    DKIM_SIGNING_THREADS: z.coerce.number().int().min(0).max(64).optional(),
     SMTP_MAX_CONNECTIONS: z.coerce.number().int().min(1).max(1000).default(16),
     // V8's heap growth between major collections (docs/operations.md "Memory"); 0: V8's own.
     HEAP_GROWING_PERCENT: z.coerce.number().int().min(0).max(1000).default(100),
@@ -195,8 +192,6 @@ export interface Config {
     outboxDir: string;
     smtpUrl?: string;
     ratePerSecond?: number;
-    /** DKIM signing threads of a sending process (undefined: the default for the machine). */
-    dkimThreads?: number;
     /** SMTP connections to the relay a sending process keeps open at most. */
     maxConnections: number;
   };
@@ -293,7 +288,6 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       outboxDir: e.MAIL_OUTBOX_DIR,
       smtpUrl: e.SMTP_URL,
       ratePerSecond: e.MAIL_RATE_PER_SECOND,
-      dkimThreads: e.DKIM_SIGNING_THREADS,
       maxConnections: e.SMTP_MAX_CONNECTIONS,
     },
     dnsServers: e.DNS_SERVERS,
