@@ -174,14 +174,38 @@ describe('hand-over fence', () => {
     await fence.accepted(acc, `${acc}@acme.test`);
 
     const em = ctx.services.orm.em.fork();
-    expect(await failInterruptedEmails(em, 60_000, fence)).toBe(0); // within the lease
+    expect(await failInterruptedEmails(em, 60_000, fence)).toEqual({ failed: 0, takeOver: [] }); // within the lease
     await new Promise((r) => setTimeout(r, 20));
-    expect(await failInterruptedEmails(em, 10, fence)).toBeGreaterThanOrEqual(2); // with earlier tests' rows
+    const settled = await failInterruptedEmails(em, 10, fence);
+    expect(settled.failed).toBeGreaterThanOrEqual(2); // with earlier tests' rows
     expect(await status(dot)).toMatchObject({ status: 'failed', failure_reason: UNCERTAIN_REASON });
     expect(await status(none)).toMatchObject({ status: 'failed', failure_reason: expect.stringMatching(/^interrupted.*never sent twice/) });
     expect(await status(acc)).toMatchObject({ status: 'sent', message_id: `${acc}@acme.test` });
-    // The `.` was never written: back to queued, for the reconciler to enqueue again.
-    expect(await status(pre)).toMatchObject({ status: 'queued' });
-    expect(await fence.read(pre)).toBeNull();
+    // The `.` was never written: seized in the fence and left `sending`, for a send job to
+    // take over.
+    expect(settled.takeOver).toContainEqual({ id: pre, source: 'api' });
+    expect(await status(pre)).toMatchObject({ status: 'sending' });
+    expect(await fence.read(pre)).toMatch(/^reclaim:/);
+    expect(await deliver(pre)).toMatchObject({ outcome: 'sent' });
+    expect(sink.received.get(`${pre}@acme.test`)).toBe(1);
+    // A worker that held `none` and only stalled cannot commit it once it was failed.
+    expect(await fence.prepare(none, undefined)).toBeUndefined();
+  });
+
+  it('keeps a worker that stalled past the lease from committing an email the reconciler took over', async () => {
+    const id = await accepted();
+    await store.claim(id);
+    // The stalled worker had taken the email over from a dead one and not reached its final `.`.
+    const taken = await fence.reclaim(id);
+    expect(taken).toHaveProperty('token');
+    await new Promise((r) => setTimeout(r, 20));
+    const { takeOver } = await failInterruptedEmails(ctx.services.orm.em.fork(), 10, fence);
+    expect(takeOver).toContainEqual({ id, source: 'api' });
+    // It wakes up: its compare-and-set fails, so it aborts the DATA.
+    expect(await fence.prepare(id, (taken as { token: string }).token)).toBeUndefined();
+    // The job the reconciler enqueued sends it, once.
+    expect(await deliver(id)).toMatchObject({ outcome: 'sent' });
+    expect(await deliver(id)).toEqual({ outcome: 'skipped', status: 'sent' });
+    expect(sink.received.get(`${id}@acme.test`)).toBe(1);
   });
 });

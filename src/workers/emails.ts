@@ -136,9 +136,12 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
           return { enqueued: payload.emailIds.length };
         }),
       reconcile: async (_payload, ctx) => {
-        const interrupted = await failInterruptedEmails(ctx.em, o.sendLeaseMs, ctx.services.deliveryStore.fence);
+        const { failed: interrupted, takeOver } = await failInterruptedEmails(ctx.em, o.sendLeaseMs, ctx.services.deliveryStore.fence);
         const graceMs = options.reconcileGraceMs ?? ctx.services.config.emailReconcileGraceMs ?? o.reconcileGraceMs;
         if (interrupted > 0) ctx.log.warn({ interrupted }, 'failed emails interrupted mid hand-over');
+        // Seized in the fence and still `sending`: a send job takes each over (deliver.ts).
+        const takenOver = takeOver.length > 0 ? await requeueMissing(ctx, takeOver) : 0;
+        if (takenOver > 0) ctx.log.warn({ takenOver }, 're-enqueued emails interrupted before their final dot, to be taken over');
         let afterId: string | undefined;
         let requeued = 0;
         const createdBefore = await oldestUnexpandedBatch(ctx);
@@ -150,7 +153,7 @@ export function emailSendProcessor(queue: EmailQueueName = 'emails', options: Em
           if (page.length < RECONCILE_PAGE) break;
         }
         if (requeued > 0) ctx.log.warn({ requeued }, 're-enqueued queued emails whose job was missing');
-        return { interrupted, requeued };
+        return { interrupted, takenOver, requeued };
       },
       'purge-idempotency-keys': async (_payload, ctx) => ({ purged: await purgeIdempotencyKeys(ctx.em) }),
     },

@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Orm } from '../db/orm.js';
+import type { EmailSource } from '../db/entities/email.js';
 import { Coalescer } from './coalescer.js';
 import { FenceLostError, type HandoverFence } from './handover.js';
 import type { Logger } from '../logger.js';
@@ -377,29 +378,34 @@ async function recordSentWithRetries(store: DeliveryStore, record: SentRecord, l
  * Reconciler, part 1: rows claimed (`sending`) longer ago than `leaseMs` were interrupted
  * mid hand-over and their job is gone too (a dead worker's job normally comes back within
  * seconds and settles the email itself). By the fence: `accepted:` is recorded sent (its
- * campaign counted); `pre:` or `reclaim:` (the `.` never written) goes back to `queued`, to be
- * enqueued again; `dot:` is failed as uncertain; no key at all (Redis lost it) is failed
- * rather than risk a duplicate.
+ * campaign counted); `dot:` is failed as uncertain; `pre:` or `reclaim:` (the `.` never
+ * written) is seized (a `reclaim:` of the reconciler, so a worker that only stalled can never
+ * commit it) and answered in `takeOver`, for a new send job to take it over like any
+ * dead worker's email; no key at all (Redis lost it) is seized too, then failed rather than
+ * risk a duplicate. Without a fence, every stale row is failed as interrupted.
  */
-export async function failInterruptedEmails(em: EntityManager, leaseMs: number, fence?: HandoverFence): Promise<number> {
+export async function failInterruptedEmails(
+  em: EntityManager,
+  leaseMs: number,
+  fence?: HandoverFence,
+): Promise<{ failed: number; takeOver: { id: string; source: EmailSource }[] }> {
   const stale = await staleClaims(em, leaseMs);
-  if (stale.length === 0) return 0;
-  const markers = fence ? await fence.readMany(stale) : [];
+  if (stale.length === 0) return { failed: 0, takeOver: [] };
+  const found = fence ? await fence.seize(stale.map((row) => row.id)) : [];
   const accepted: { id: string; message_id: string }[] = [];
-  const requeue: string[] = [];
+  const takeOver: { id: string; source: EmailSource }[] = [];
   const uncertain: string[] = [];
   const rest: string[] = [];
-  stale.forEach((id, i) => {
-    const marker = markers[i] ?? '';
-    if (marker.startsWith('accepted:')) accepted.push({ id, message_id: marker.slice('accepted:'.length) });
-    else if (marker.startsWith('pre:') || marker.startsWith('reclaim:')) requeue.push(id);
-    else if (marker.startsWith('dot:')) uncertain.push(id);
-    else rest.push(id);
+  stale.forEach((row, i) => {
+    const marker = found[i]?.found ?? '';
+    if (marker.startsWith('accepted:')) accepted.push({ id: row.id, message_id: marker.slice('accepted:'.length) });
+    else if (marker.startsWith('pre:') || marker.startsWith('reclaim:')) takeOver.push(row);
+    else if (marker.startsWith('dot:')) uncertain.push(row.id);
+    else rest.push(row.id);
   });
   await markStaleClaimsSent(em, accepted);
-  await settleStaleClaims(em, requeue, leaseMs, { requeue: true });
-  await fence?.clear(requeue);
-  return (await settleStaleClaims(em, uncertain, leaseMs, { failWith: UNCERTAIN_REASON })) + (await settleStaleClaims(em, rest, leaseMs, { failWith: INTERRUPTED_REASON }));
+  const failed = (await settleStaleClaims(em, uncertain, leaseMs, UNCERTAIN_REASON)) + (await settleStaleClaims(em, rest, leaseMs, INTERRUPTED_REASON));
+  return { failed, takeOver };
 }
 
 export { queuedEmailsPage, SUPPRESSED_REASON, UNCERTAIN_REASON };

@@ -28,6 +28,12 @@ const SCRIPTS = {
        if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
        return false`,
+  // The reconciler's take-over: like reclaim, but it answers the value it replaced ('' when
+  // there was none), so that a missing key (Redis lost it) is told apart from `pre:`.
+  mailroomFenceSeize: `local v = redis.call('GET', KEYS[1])
+       if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return {0, v} end
+       redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+       return {1, v or ''}`,
   mailroomFencePrepare: `local v = redis.call('GET', KEYS[1])
        if (v == false and ARGV[1] == '') or v == ARGV[1] then
          redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -83,6 +89,22 @@ export class HandoverFence {
       this.ttlMs,
     )) as string | null;
     return result ? { current: result } : { token };
+  }
+
+  /**
+   * The reconciler's take-over of emails claimed so long ago that their worker is presumed
+   * gone (it may only be stalled): each key that says the `.` was not written (none, `pre:`,
+   * `reclaim:`) is set to a `reclaim:` of this process, so a stalled worker that wakes up
+   * fails its `prepare` and never commits the message. Answers, for each email, whether it was
+   * seized and the value found ('' for no key).
+   */
+  async seize(emailIds: readonly string[]): Promise<{ seized: boolean; found: string }[]> {
+    return Promise.all(
+      emailIds.map(async (emailId) => {
+        const [seized, found] = (await this.redis.mailroomFenceSeize(this.key(emailId), `reclaim:${this.unique()}`, this.ttlMs)) as [number, string];
+        return { seized: seized === 1, found };
+      }),
+    );
   }
 
   /**

@@ -1,5 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import type { ContentKind } from '../db/entities/email.js';
+import type { ContentKind, EmailSource } from '../db/entities/email.js';
 import { inTransaction, withConnection, type Sql } from '../db/sql.js';
 import type { CampaignEmailParts } from '../campaigns/personalize.js';
 import { recordEmailEvents, recordSentEmails } from '../webhooks/queries.js';
@@ -372,13 +372,12 @@ export async function emailStatus(em: EntityManager, id: string): Promise<string
 // The reconciler (workers/emails.ts).
 
 /** Emails claimed (`sending`) longer ago than `leaseMs`, oldest first (at most 10,000). */
-export async function staleClaims(em: EntityManager, leaseMs: number): Promise<string[]> {
-  const found = await em.execute<{ id: string }[]>(
-    `select id from emails where status = 'sending' and claimed_at < now() - (? * interval '1 millisecond') order by id limit 10000`,
+export async function staleClaims(em: EntityManager, leaseMs: number): Promise<{ id: string; source: EmailSource }[]> {
+  return em.execute<{ id: string; source: EmailSource }[]>(
+    `select id, source from emails where status = 'sending' and claimed_at < now() - (? * interval '1 millisecond') order by id limit 10000`,
     [leaseMs],
     'all',
   );
-  return found.map((r) => r.id);
 }
 
 /** Stale claims the provider is known to have accepted: sent, with their campaigns counted. */
@@ -398,16 +397,17 @@ export async function markStaleClaimsSent(em: EntityManager, accepted: readonly 
 }
 
 /**
- * Stale claims settled: given back (`queued`) or failed with `reason`, each only while still
- * `sending` and claimed longer ago than `leaseMs`; returns how many changed.
+ * Stale claims failed with `reason`, each only while still `sending` and claimed longer ago
+ * than `leaseMs`; returns how many changed.
  */
-export async function settleStaleClaims(em: EntityManager, ids: readonly string[], leaseMs: number, outcome: { requeue: true } | { failWith: string }): Promise<number> {
+export async function settleStaleClaims(em: EntityManager, ids: readonly string[], leaseMs: number, reason: string): Promise<number> {
   if (ids.length === 0) return 0;
-  const where = `where status = 'sending' and id in (select jsonb_array_elements_text(?::jsonb)) and claimed_at < now() - (? * interval '1 millisecond') returning id`;
-  const changed =
-    'requeue' in outcome
-      ? await em.execute<{ id: string }[]>(`update emails set status = 'queued', updated_at = now() ${where}`, [JSON.stringify(ids), leaseMs], 'all')
-      : await em.execute<{ id: string }[]>(`update emails set status = 'failed', failure_reason = ?, updated_at = now() ${where}`, [outcome.failWith, JSON.stringify(ids), leaseMs], 'all');
+  const changed = await em.execute<{ id: string }[]>(
+    `update emails set status = 'failed', failure_reason = ?, updated_at = now()
+     where status = 'sending' and id in (select jsonb_array_elements_text(?::jsonb)) and claimed_at < now() - (? * interval '1 millisecond') returning id`,
+    [reason, JSON.stringify(ids), leaseMs],
+    'all',
+  );
   return changed.length;
 }
 
