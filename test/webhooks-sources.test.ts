@@ -5,6 +5,7 @@ import { applyDeliveryFeedback } from '../src/shared/outcomes/provider-events.js
 import { checkDomain } from '../src/shared/domains/verification.js';
 import { newId } from '../src/shared/ids.js';
 import { domainsProcessor } from '../src/workers/domains.js';
+import { SUPPRESSED_REASON } from '../src/shared/emails/deliver.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { webhookProcessor } from '../src/workers/webhooks.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
@@ -68,6 +69,14 @@ describe('event sources', () => {
     expect(events('email.sent').filter((e) => e.data.email_id === refused)).toHaveLength(0);
     await new Promise((r) => setTimeout(r, 500));
     expect(events('email.delivered').filter((e) => e.data.email_id === ok)).toHaveLength(0);
+  });
+
+  it('email.failed with the reason when the claim finds the recipient suppressed', async () => {
+    await ctx.services.orm.em.fork().execute(`insert into suppressions (organization_id, address, reason) values (?, 'gone@example.org', 'hard_bounce')`, [organizationId]);
+    const id = (await api('POST', '/emails', { from: 'a@acme.test', to: 'gone@example.org', subject: 'Hi', markdown: 'x' })).json().id as string;
+    const failed = await eventFor('email.failed', (d) => d.email_id === id);
+    expect(failed.data).toMatchObject({ to: ['gone@example.org'], subject: 'Hi', reason: SUPPRESSED_REASON });
+    expect(sink.envelopes.some((to) => to.includes('gone@example.org'))).toBe(false);
   });
 
   it('email.delivery_delayed and email.complained from delivery feedback, once each however often reported', async () => {

@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { ContentKind, EmailSource } from '../db/entities/email.js';
 import { inTransaction, withConnection, type Sql } from '../db/sql.js';
 import type { CampaignEmailParts } from '../campaigns/personalize.js';
-import { recordEmailEvents, recordSentEmails } from '../webhooks/queries.js';
+import { emailEventsFrom, recordEmailEvents, recordSentEmails } from '../webhooks/queries.js';
 import type { NewEmail } from './input.js';
 
 /**
@@ -282,7 +282,8 @@ const CLAIM_SQL = `
     update emails e set status = 'failed', updated_at = now(),
       failure_reason = case when c.suppressed then '${SUPPRESSED_REASON}' else '${UNSUBSCRIBED_REASON}' end
     from c where e.id = c.id and (c.suppressed or c.unsubscribed) and e.status = 'queued'
-    returning e.id, e.failure_reason),
+    returning e.id, e.failure_reason, e.status, e.organization_id, e.message_id, e.from_address, e.to_address, e.subject, e.tags, e.created_at, e.campaign_id),
+  failed_events as (${emailEventsFrom('failed', 'email.failed')}),
   claimed as (
     update emails e set status = 'sending', claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
     from c where e.id = c.id and not (c.suppressed or c.unsubscribed) and e.status = 'queued'
@@ -292,14 +293,12 @@ const CLAIM_SQL = `
   union all
   select f.id, f.failure_reason, ${CLAIMED_COLUMNS.replace(/(\w+)/g, 'null')}, null, null, null, null, null, null, null, null from failed f`;
 
-/** Claims the queued emails among `ids`: their rows, or the reason each was failed instead. */
+/**
+ * Claims the queued emails among `ids`: their rows, or the reason each was failed instead
+ * (suppressed, unsubscribed), whose `email.failed` outbox rows the same statement writes.
+ */
 export async function claimEmails(em: EntityManager, ids: readonly string[]): Promise<(ClaimedRow & { failed: string | null })[]> {
-  const claimed = await withConnection(em, (sql) => sql.query<ClaimedRow & { failed: string | null }>(CLAIM_SQL, [ids], 'mailroom_emails_claim'));
-  // Failed by the claim (suppressed, unsubscribed): their email.failed is written just after
-  // the claim's own commit (docs/webhooks.md).
-  const failedIds = claimed.flatMap((r) => (r.failed === null ? [] : [{ emailId: r.id }]));
-  if (failedIds.length > 0) await recordEmailEvents(em.fork(), 'email.failed', failedIds).catch(() => {});
-  return claimed;
+  return withConnection(em, (sql) => sql.query<ClaimedRow & { failed: string | null }>(CLAIM_SQL, [ids], 'mailroom_emails_claim'));
 }
 
 // Campaign counters move as the provider accepts (emailsSentCount).

@@ -319,6 +319,21 @@ const INSERT_EMAILS = `
   join emails e on e.id = v.id
   join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED('?::text')}`;
 
+/**
+ * The outbox rows of one email event for the rows of `relation`, a data-modifying WITH of
+ * the caller's statement: `relation` is one of its own CTEs that returns the emails' columns
+ * as they now are (an UPDATE's RETURNING), read here as `e`. The event then commits with the
+ * change itself, with nothing to lose in between.
+ */
+export function emailEventsFrom(relation: string, type: WebhookEventType): string {
+  if (!WEBHOOK_EVENT_TYPES.includes(type)) throw new Error(`unknown webhook event type ${type}`);
+  return `insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
+  select webhook_message_id(), w.id, e.organization_id, '${type}',
+    jsonb_build_object('type', '${type}'::text, 'created_at', ${NOW_ISO}, 'data', ${EMAIL_DATA}), now()
+  from ${relation} e
+  join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED(`'${type}'::text`)}`;
+}
+
 /** Records one email event per email (set-based: one statement for the whole batch). */
 export async function recordEmailEvents(db: OutboxDb, type: WebhookEventType, items: readonly EmailEventItem[]): Promise<void> {
   if (items.length === 0) return;
