@@ -5,7 +5,7 @@ import { renderCampaignTemplate } from '../src/shared/campaigns/content.js';
 import { dkimOptionsFor } from '../src/shared/domains/dkim.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
 import { createSenderRow, seedSubscribers } from '../test/helpers/campaigns.js';
-import { createBenchEnv, fmt, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
+import { cpuMsOf, cpuMsOfCommand, createBenchEnv, fmt, rssOf, spawnService, startSinkProcess, stop } from './harness.js';
 
 // `npm run bench:campaign`: N SUBSCRIBED subscribers (default 100,000), one campaign sent
 // now, the smtp transport to a local sink (its own process). Measures the fan-out (all rows
@@ -60,6 +60,7 @@ try {
 
   const created = await app.inject({ method: 'POST', url: '/api/v2/campaigns', headers: auth, payload: { name: 'Bench', subject: 'News for {{name}}', senderId, content: CONTENT } });
   const campaignId = created.json().id as string;
+  const cpuBefore = { worker: await cpuMsOf(worker.pid!), postgres: await cpuMsOfCommand('postgres'), sink: await cpuMsOf(sink.proc.pid!) };
   const started = Date.now();
   const sent = await app.inject({ method: 'POST', url: `/api/v2/campaigns/${campaignId}/send`, headers: auth, payload: {} });
   if (sent.statusCode !== 200) throw new Error(sent.body);
@@ -95,6 +96,12 @@ try {
     await new Promise((r) => setTimeout(r, 50));
   }
   clearInterval(rssTimer);
+  // CPU of the send worker (its signing threads included), PostgreSQL and the sink, an email.
+  const cpuPerEmail = {
+    worker: ((await cpuMsOf(worker.pid!)) - cpuBefore.worker) / TOTAL,
+    postgres: ((await cpuMsOfCommand('postgres')) - cpuBefore.postgres) / TOTAL,
+    sink: ((await cpuMsOf(sink.proc.pid!)) - cpuBefore.sink) / TOTAL,
+  };
   const [tx] = await em.execute<{ created_at: Date; sent_at: Date }[]>('select created_at, sent_at from emails where id = ?', [transactional!.id]);
   const txMs = new Date(tx!.sent_at).getTime() - new Date(tx!.created_at).getTime();
   const [span] = await em.execute<{ first: Date; last: Date }[]>(`select min(claimed_at) as first, max(sent_at) as last from emails where campaign_id = ?`, [campaignId]);
@@ -132,6 +139,7 @@ try {
   console.log(`transactional send made with ${fmt(transactional!.sentCount)} campaign emails out: accepted -> handed to the provider in ${fmt(txMs)} ms`);
   console.log(`peak RSS: fan-out worker ${fmt(fanOutPeakRss / 1024 / 1024)} MiB, send worker ${fmt(peakRss / 1024 / 1024)} MiB (target <= 300)`);
   console.log(`campaign hand-over: ${fmt(campaignRate)} emails/s; direct nodemailer (${fmt(DIRECT)} pre-rendered, pool of ${MAX_CONNECTIONS}): ${fmt(directRate)} emails/s`);
+  console.log(`CPU an email: send worker ${fmt(cpuPerEmail.worker, 3)} ms, PostgreSQL ${fmt(cpuPerEmail.postgres, 3)} ms, sink ${fmt(cpuPerEmail.sink, 3)} ms (fan-out included)`);
   console.log(`direct nodemailer CPU: ${fmt((directUsage.user + directUsage.system) / 1000 / DIRECT, 3)} ms an email${dkim ? ' (DKIM-signed)' : ''}`);
   console.log(`ratio campaign / direct: ${fmt(campaignRate / directRate, 2)}`);
 } finally {
