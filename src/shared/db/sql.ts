@@ -27,6 +27,10 @@ function run(connection: PgConnection, text: string, values: readonly unknown[],
 }
 
 const numbered = new Map<string, string>();
+// The statements of the code are a few hundred texts of a few KiB at most; a longer or a
+// thousand-and-first text is numbered every time rather than kept.
+const NUMBERED_MAX_TEXTS = 1_000;
+const NUMBERED_MAX_LENGTH = 16_384;
 
 /** `?` placeholders to `$1, $2, …` (none of our statements uses the jsonb `?` operator). */
 function toPg(text: string): string {
@@ -34,7 +38,7 @@ function toPg(text: string): string {
   if (out === undefined) {
     let n = 0;
     out = text.replace(/\?/g, () => `$${++n}`);
-    if (numbered.size < 1_000) numbered.set(text, out);
+    if (numbered.size < NUMBERED_MAX_TEXTS && text.length <= NUMBERED_MAX_LENGTH) numbered.set(text, out);
   }
   return out;
 }
