@@ -77,10 +77,14 @@ async function reconcileConfirmations(ctx: JobContext): Promise<number> {
   const before = new Date(ctx.services.clock().getTime() - RECONCILE_GRACE_MS);
   const owed = await selectOverdueConfirmations(ctx.em, before, RECONCILE_PAGE);
   const missing: string[] = [];
-  for (const subscriberId of owed) {
-    const job = await queue.getJob(confirmationJobId(subscriberId));
+  // The jobs and their states read together (the commands overlap on the connection), not a
+  // round trip after another for each of up to a page of confirmations.
+  const jobs = await Promise.all(owed.map((subscriberId) => queue.getJob(confirmationJobId(subscriberId))));
+  const states = await Promise.all(jobs.map((job) => job?.getState()));
+  for (const [i, subscriberId] of owed.entries()) {
+    const job = jobs[i];
     if (job) {
-      const state = await job.getState();
+      const state = states[i];
       // Failed (its attempts spent on an error that is not an outage): the failed job is the
       // operator's record, and it is not retried every minute. The confirmation is no longer
       // owed: left in place, such records would fill the reconciler's page (the oldest first)
