@@ -397,7 +397,7 @@ export async function failInterruptedEmails(
   const uncertain: string[] = [];
   const rest: string[] = [];
   stale.forEach((row, i) => {
-    const marker = found[i]?.found ?? '';
+    const marker = found[i] ?? '';
     if (marker.startsWith('accepted:')) accepted.push({ id: row.id, message_id: marker.slice('accepted:'.length) });
     else if (marker.startsWith('pre:') || marker.startsWith('reclaim:')) takeOver.push(row);
     else if (marker.startsWith('dot:')) uncertain.push(row.id);

@@ -28,12 +28,12 @@ const SCRIPTS = {
        if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
        return false`,
-  // The reconciler's take-over: like reclaim, but it answers the value it replaced ('' when
-  // there was none), so that a missing key (Redis lost it) is told apart from `pre:`.
+  // The reconciler's take-over: like reclaim, but it answers the value found in either case
+  // ('' when there was none), so that a missing key (Redis lost it) is told apart from `pre:`.
   mailroomFenceSeize: `local v = redis.call('GET', KEYS[1])
-       if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return {0, v} end
+       if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-       return {1, v or ''}`,
+       return v or ''`,
   mailroomFencePrepare: `local v = redis.call('GET', KEYS[1])
        if (v == false and ARGV[1] == '') or v == ARGV[1] then
          redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -95,16 +95,11 @@ export class HandoverFence {
    * The reconciler's take-over of emails claimed so long ago that their worker is presumed
    * gone (it may only be stalled): each key that says the `.` was not written (none, `pre:`,
    * `reclaim:`) is set to a `reclaim:` of this process, so a stalled worker that wakes up
-   * fails its `prepare` and never commits the message. Answers, for each email, whether it was
-   * seized and the value found ('' for no key).
+   * fails its `prepare` and never commits the message. Answers the value found for each email
+   * ('' for no key); `dot:` and `accepted:` are left as they are.
    */
-  async seize(emailIds: readonly string[]): Promise<{ seized: boolean; found: string }[]> {
-    return Promise.all(
-      emailIds.map(async (emailId) => {
-        const [seized, found] = (await this.redis.mailroomFenceSeize(this.key(emailId), `reclaim:${this.unique()}`, this.ttlMs)) as [number, string];
-        return { seized: seized === 1, found };
-      }),
-    );
+  async seize(emailIds: readonly string[]): Promise<string[]> {
+    return Promise.all(emailIds.map(async (emailId) => (await this.redis.mailroomFenceSeize(this.key(emailId), `reclaim:${this.unique()}`, this.ttlMs)) as string));
   }
 
   /**
@@ -157,11 +152,6 @@ export class HandoverFence {
 
   async read(emailId: string): Promise<string | null> {
     return this.redis.get(this.key(emailId));
-  }
-
-  async readMany(emailIds: string[]): Promise<(string | null)[]> {
-    if (emailIds.length === 0) return [];
-    return this.redis.mget(emailIds.map((id) => this.key(id)));
   }
 
   /** Once the status says sent (or failed), the key has done its work. */
