@@ -80,6 +80,19 @@ describe('DKIM signing', () => {
     expect((await dkimSign(raw, skipping)).equals(await nodemailerSigned(raw, skipping))).toBe(true);
   });
 
+  it('hashes a body of several MiB a slice at a time to the same signature', async () => {
+    // Whitespace and line ends on each side of the 1 MiB slice boundaries.
+    const line = (i: number) => (i % 7 === 0 ? `line ${i} with trailing blanks  \t \r\n` : i % 5 === 0 ? `bare line feed ${i}\n` : `line  ${i}\twith\t tabs\r\n`);
+    let body = '';
+    for (let i = 0; body.length < 3.2 * 1024 * 1024; i++) body += line(i);
+    // A run of blanks and line ends across each boundary, the body's bytes being its characters.
+    for (const boundary of [1024 * 1024, 2 * 1024 * 1024]) body = `${body.slice(0, boundary - 4)}x \t \r\n\r\n \t y\n${body.slice(boundary + 10)}`;
+    for (const cut of [1024 * 1024 - 1, 1024 * 1024, 1024 * 1024 + 3, 2 * 1024 * 1024 + 1, body.length]) {
+      const raw = Buffer.from(`From: a@acme.test\r\nSubject: Big\r\n\r\n${body.slice(0, cut)}   \r\n\r\n`);
+      expect((await dkimSign(raw, key)).equals(await nodemailerSigned(raw)), String(cut)).toBe(true);
+    }
+  });
+
   it('signs an internationalized domain with its punycode form', async () => {
     const raw = await composed({ from: 'a@bücher.test', to: 'u@example.com', subject: 'Hi', text: 'Hello' });
     const options = { ...key, domainName: 'bücher.test' };

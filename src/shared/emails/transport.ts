@@ -10,7 +10,7 @@ import type { Config } from '../config.js';
 import { randomHex } from '../ids.js';
 import { withSubmittedParts } from '../submission/delivery.js';
 import type { SubmittedParts } from '../submission/queries.js';
-import { dkimSign } from './dkim-sign.js';
+import { dkimSign, type DkimKey } from './dkim-sign.js';
 
 /** One message as handed to the provider. */
 export interface OutgoingMessage {
@@ -96,9 +96,10 @@ function mailOptions(message: OutgoingMessage): SendMailOptions {
     replyTo: message.replyTo ?? undefined,
     subject: message.subject,
     html: message.html,
-    // CRLF line ends, as the relay gets them anyway (SMTP's DATA converts bare LFs): a plain
-    // text part is sent as 7bit, and bare LFs in it sent DKIM's body hash down nodemailer's
-    // slow path (a regex pass over the whole body, 145 us on a campaign message).
+    // CRLF line ends, MIME's canonical form for text: a short-lined ASCII text part is sent
+    // 7bit (the relay gets CRLF anyway: SMTP's DATA converts bare LFs), and bare LFs in it sent
+    // DKIM's body hash down nodemailer's slow path (a regex pass over the whole body, 145 us on
+    // a campaign message).
     text: message.text.replace(/\r?\n/g, '\r\n'),
     messageId: `<${message.messageId}>`,
     headers: message.headers,
@@ -184,7 +185,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       // DKIM-signed with nodemailer's canonicalization, the RSA signature in libuv's thread
       // pool (dkim-sign.ts).
       let raw = await node.build();
-      if (key) raw = await dkimSign(raw, key as DKIM.SingleKeyOptions);
+      if (key) raw = await dkimSign(raw, key as DkimKey);
       const returnPath = options.returnPath?.(message.id, message.fromDomain, key !== undefined);
       const skip = message.skipRecipients && message.skipRecipients.length > 0 ? message.skipRecipients : undefined;
       if (returnPath || skip) {
