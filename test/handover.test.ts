@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DeliveryStore, deliverEmail, failInterruptedEmails, UNCERTAIN_REASON } from '../src/shared/emails/deliver.js';
 import { HandoverFence } from '../src/shared/emails/handover.js';
+import { emailSendProcessor } from '../src/workers/emails.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startCountingSink, type CountingSink } from './helpers/counting-sink.js';
 
@@ -167,6 +168,8 @@ describe('hand-over fence', () => {
   });
 
   it('settles the rows whose job is gone after the lease, by their fence', async () => {
+    const hook = await ctx.app.inject({ method: 'POST', url: '/api/v2/webhooks', headers: bearer(token), payload: { url: 'http://127.0.0.1:9/hook', events: ['email.failed'] } });
+    expect(hook.statusCode).toBe(200);
     const [dot, acc, pre, none] = [await accepted(), await accepted(), await accepted(), await accepted()];
     for (const id of [dot, acc, pre, none]) await store.claim(id);
     await ctx.services.redis.set(fence.key(dot), 'dot:someone');
@@ -190,6 +193,31 @@ describe('hand-over fence', () => {
     expect(sink.received.get(`${pre}@acme.test`)).toBe(1);
     // A worker that held `none` and only stalled cannot commit it once it was failed.
     expect(await fence.prepare(none, undefined)).toBeUndefined();
+    // The failed ones have their email.failed outbox rows, with the reason; the others none.
+    const events = await ctx.services.orm.em.fork().execute<{ id: string; reason: string }[]>(
+      `select payload->'data'->>'email_id' as id, payload->'data'->>'reason' as reason from webhook_messages where type = 'email.failed' and payload->'data'->>'email_id' in (?, ?, ?, ?)`,
+      [dot, acc, pre, none],
+    );
+    expect(events.map((e) => e.id).sort()).toEqual([dot, none].sort());
+    expect(events.find((e) => e.id === dot)?.reason).toBe(UNCERTAIN_REASON);
+    await ctx.app.inject({ method: 'DELETE', url: `/api/v2/webhooks/${hook.json().id}`, headers: bearer(token) });
+  });
+
+  it('has the reconcile job enqueue a seized email, whose job then takes it over and sends it once', async () => {
+    const id = await accepted();
+    await store.claim(id);
+    await ctx.services.redis.set(fence.key(id), 'pre:a-dead-worker');
+    await new Promise((r) => setTimeout(r, 20));
+    const em = ctx.services.orm.em.fork();
+    const reconcile = emailSendProcessor('emails', { sendLeaseMs: 10 }).handlers.reconcile;
+    const job = { id: 'reconcile-test', data: {} } as never;
+    expect(await reconcile({}, { services: ctx.services, em, log: ctx.services.logger, job })).toMatchObject({ takenOver: expect.any(Number) });
+    const queued = await ctx.services.producer.queue('emails').getJob(id);
+    expect(await queued?.getState()).toBe('waiting');
+    expect(await status(id)).toMatchObject({ status: 'sending' });
+    // What that job runs:
+    expect(await deliver(id)).toMatchObject({ outcome: 'sent' });
+    expect(sink.received.get(`${id}@acme.test`)).toBe(1);
   });
 
   it('keeps a worker that stalled past the lease from committing an email the reconciler took over', async () => {

@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { ContentKind, EmailSource } from '../db/entities/email.js';
 import { inTransaction, withConnection, type Sql } from '../db/sql.js';
 import type { CampaignEmailParts } from '../campaigns/personalize.js';
-import { emailEventsFrom, recordEmailEvents, recordSentEmails } from '../webhooks/queries.js';
+import { emailEventColumns, emailEventsFrom, recordEmailEvents, recordSentEmails } from '../webhooks/queries.js';
 import type { NewEmail } from './input.js';
 
 /**
@@ -282,7 +282,7 @@ const CLAIM_SQL = `
     update emails e set status = 'failed', updated_at = now(),
       failure_reason = case when c.suppressed then '${SUPPRESSED_REASON}' else '${UNSUBSCRIBED_REASON}' end
     from c where e.id = c.id and (c.suppressed or c.unsubscribed) and e.status = 'queued'
-    returning e.id, e.failure_reason, e.status, e.organization_id, e.message_id, e.from_address, e.to_address, e.subject, e.tags, e.created_at, e.campaign_id),
+    returning ${emailEventColumns('e')}),
   failed_events as (${emailEventsFrom('failed', 'email.failed')}),
   claimed as (
     update emails e set status = 'sending', claimed_at = now(), attempts = e.attempts + 1, updated_at = now()
@@ -397,13 +397,17 @@ export async function markStaleClaimsSent(em: EntityManager, accepted: readonly 
 
 /**
  * Stale claims failed with `reason`, each only while still `sending` and claimed longer ago
- * than `leaseMs`; returns how many changed.
+ * than `leaseMs`, with their `email.failed` outbox rows; returns how many changed.
  */
 export async function settleStaleClaims(em: EntityManager, ids: readonly string[], leaseMs: number, reason: string): Promise<number> {
   if (ids.length === 0) return 0;
   const changed = await em.execute<{ id: string }[]>(
-    `update emails set status = 'failed', failure_reason = ?, updated_at = now()
-     where status = 'sending' and id in (select jsonb_array_elements_text(?::jsonb)) and claimed_at < now() - (? * interval '1 millisecond') returning id`,
+    `with changed as (
+       update emails e set status = 'failed', failure_reason = ?, updated_at = now()
+       where e.status = 'sending' and e.id in (select jsonb_array_elements_text(?::jsonb)) and e.claimed_at < now() - (? * interval '1 millisecond')
+       returning ${emailEventColumns('e')}),
+     events as (${emailEventsFrom('changed', 'email.failed')})
+     select id from changed`,
     [reason, JSON.stringify(ids), leaseMs],
     'all',
   );

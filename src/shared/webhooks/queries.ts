@@ -319,10 +319,14 @@ const INSERT_EMAILS = `
   join emails e on e.id = v.id
   join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED('?::text')}`;
 
+/** The columns of `emails` that emailEventsFrom reads: what the caller's RETURNING gives it. */
+export const emailEventColumns = (alias: string) =>
+  ['id', 'status', 'failure_reason', 'organization_id', 'message_id', 'from_address', 'to_address', 'subject', 'tags', 'created_at', 'campaign_id'].map((c) => `${alias}.${c}`).join(', ');
+
 /**
  * The outbox rows of one email event for the rows of `relation`, a data-modifying WITH of
  * the caller's statement: `relation` is one of its own CTEs that returns the emails' columns
- * as they now are (an UPDATE's RETURNING), read here as `e`. The event then commits with the
+ * as they now are (an UPDATE's RETURNING of emailEventColumns), read here as `e`. The event then commits with the
  * change itself, with nothing to lose in between.
  */
 export function emailEventsFrom(relation: string, type: WebhookEventType): string {
