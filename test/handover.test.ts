@@ -203,6 +203,25 @@ describe('hand-over fence', () => {
     await ctx.app.inject({ method: 'DELETE', url: `/api/v2/webhooks/${hook.json().id}`, headers: bearer(token) });
   });
 
+  it('leaves alone a stale email whose pre: or reclaim: was written just now: a worker is at its final dot, or taking it over', async () => {
+    const [pre, taken] = [await accepted(), await accepted()];
+    for (const id of [pre, taken]) await store.claim(id);
+    // Claimed an hour ago (stale), but the fence was written a moment ago.
+    await ctx.services.orm.em.fork().execute(`update emails set claimed_at = now() - interval '1 hour' where id in (?, ?)`, [pre, taken]);
+    const prepared = await fence.prepare(pre, undefined);
+    const token = ((await fence.reclaim(taken)) as { token: string }).token;
+    const { takeOver } = await failInterruptedEmails(ctx.services.orm.em.fork(), 60_000, fence);
+    // The `pre:` worker's `dot:` still lands, and the one taking over can still commit.
+    expect(await fence.read(pre)).toBe(prepared);
+    expect(await fence.read(taken)).toBe(token);
+    expect(await fence.prepare(taken, token)).toMatch(/^pre:/);
+    // Nothing settled: the `reclaim:` one's job is asked for (none added while it runs), the `pre:` one waits for the next run.
+    expect(takeOver.map((r) => r.id)).toContain(taken);
+    expect(takeOver.map((r) => r.id)).not.toContain(pre);
+    expect(await status(pre)).toMatchObject({ status: 'sending' });
+    expect(await status(taken)).toMatchObject({ status: 'sending' });
+  });
+
   it('has the reconcile job enqueue a seized email, whose job then takes it over and sends it once', async () => {
     const id = await accepted();
     await store.claim(id);

@@ -61,6 +61,9 @@ interface Message {
 // The fence's answer before the final `.` must come well within the send job's lock
 // (10 s, renewed every 5 s), so that no other worker can have taken the email over.
 const PREPARE_MAX_MS = 2_000;
+// A `pre:` is followed by its `dot:` in the same turn of the event loop; one this old was
+// left by a worker that died before writing its `.`, and the reconciler may seize it.
+const PRE_SETTLED_MS = 60_000;
 
 // One claim statement and one "sent" statement in flight at a time: the jobs that need one
 // meanwhile wait for it and go together in the next. Against four in flight
@@ -381,7 +384,8 @@ async function recordSentWithRetries(store: DeliveryStore, record: SentRecord, l
  * campaign counted); `dot:` is failed as uncertain; `pre:` or `reclaim:` (the `.` never
  * written) is seized (a `reclaim:` of the reconciler, so a worker that only stalled can never
  * commit it) and answered in `takeOver`, for a new send job to take it over like any
- * dead worker's email; no key at all (Redis lost it) is seized too, then failed rather than
+ * dead worker's email (a `pre:` or `reclaim:` written too recently is not seized: see
+ * HandoverFence#seize); no key at all (Redis lost it) is seized too, then failed rather than
  * risk a duplicate. Without a fence, every stale row is failed as interrupted.
  */
 export async function failInterruptedEmails(
@@ -391,16 +395,22 @@ export async function failInterruptedEmails(
 ): Promise<{ failed: number; takeOver: { id: string; source: EmailSource }[] }> {
   const stale = await staleClaims(em, leaseMs);
   if (stale.length === 0) return { failed: 0, takeOver: [] };
-  const found = fence ? await fence.seize(stale.map((row) => row.id)) : [];
+  const found = fence ? await fence.seize(stale.map((row) => row.id), { preAgeMs: PRE_SETTLED_MS, reclaimAgeMs: leaseMs }) : [];
   const accepted: { id: string; message_id: string }[] = [];
   const takeOver: { id: string; source: EmailSource }[] = [];
   const uncertain: string[] = [];
   const rest: string[] = [];
   stale.forEach((row, i) => {
-    const marker = found[i] ?? '';
+    const { seized, found: marker } = found[i] ?? { seized: false, found: '' };
     if (marker.startsWith('accepted:')) accepted.push({ id: row.id, message_id: marker.slice('accepted:'.length) });
-    else if (marker.startsWith('pre:') || marker.startsWith('reclaim:')) takeOver.push(row);
     else if (marker.startsWith('dot:')) uncertain.push(row.id);
+    // A young `pre:` (not seized) is left to the next run.
+    else if (marker.startsWith('pre:')) {
+      if (seized) takeOver.push(row);
+    }
+    // A `reclaim:` too young to seize is a take-over under way: its job is there, so
+    // requeueMissing adds none.
+    else if (marker.startsWith('reclaim:')) takeOver.push(row);
     else rest.push(row.id);
   });
   await markStaleClaimsSent(em, accepted);

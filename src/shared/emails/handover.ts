@@ -28,12 +28,18 @@ const SCRIPTS = {
        if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
        return false`,
-  // The reconciler's take-over: like reclaim, but it answers the value found in either case
-  // ('' when there was none), so that a missing key (Redis lost it) is told apart from `pre:`.
+  // The reconciler's take-over: like reclaim, but a `pre:` or `reclaim:` written recently
+  // (its age read from the key's TTL: every write sets the same one) is left alone, and it
+  // answers whether it seized and the value found ('' when there was none).
   mailroomFenceSeize: `local v = redis.call('GET', KEYS[1])
-       if v and string.sub(v, 1, 8) ~= 'reclaim:' and string.sub(v, 1, 4) ~= 'pre:' then return v end
+       if v then
+         local pre = string.sub(v, 1, 4) == 'pre:'
+         if not pre and string.sub(v, 1, 8) ~= 'reclaim:' then return {0, v} end
+         local age = tonumber(ARGV[2]) - redis.call('PTTL', KEYS[1])
+         if age < tonumber(pre and ARGV[3] or ARGV[4]) then return {0, v} end
+       end
        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-       return v or ''`,
+       return {1, v or ''}`,
   mailroomFencePrepare: `local v = redis.call('GET', KEYS[1])
        if (v == false and ARGV[1] == '') or v == ARGV[1] then
          redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -95,11 +101,20 @@ export class HandoverFence {
    * The reconciler's take-over of emails claimed so long ago that their worker is presumed
    * gone (it may only be stalled): each key that says the `.` was not written (none, `pre:`,
    * `reclaim:`) is set to a `reclaim:` of this process, so a stalled worker that wakes up
-   * fails its `prepare` and never commits the message. Answers the value found for each email
-   * ('' for no key); `dot:` and `accepted:` are left as they are.
+   * fails its `prepare` and never commits the message. Left alone: `dot:` and `accepted:`;
+   * a `pre:` younger than `preAgeMs` (a live worker is writing its `.` right now: its `dot:`
+   * must not be lost); a `reclaim:` younger than `reclaimAgeMs` (another worker is taking the
+   * email over right now). Answers, for each email, whether it was seized and the value found
+   * ('' for no key).
    */
-  async seize(emailIds: readonly string[]): Promise<string[]> {
-    return Promise.all(emailIds.map(async (emailId) => (await this.redis.mailroomFenceSeize(this.key(emailId), `reclaim:${this.unique()}`, this.ttlMs)) as string));
+  async seize(emailIds: readonly string[], ages: { preAgeMs: number; reclaimAgeMs: number }): Promise<{ seized: boolean; found: string }[]> {
+    return Promise.all(
+      emailIds.map(async (emailId) => {
+        const token = `reclaim:${this.unique()}`;
+        const [seized, found] = (await this.redis.mailroomFenceSeize(this.key(emailId), token, this.ttlMs, ages.preAgeMs, ages.reclaimAgeMs)) as [number, string];
+        return { seized: seized === 1, found };
+      }),
+    );
   }
 
   /**
