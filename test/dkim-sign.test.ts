@@ -93,6 +93,18 @@ describe('DKIM signing', () => {
     }
   });
 
+  it('hashes a bare line feed at a slice boundary as CRLF, as in one piece', async () => {
+    const line = 'a clean line of text, nothing to canonicalize\r\n';
+    const head = 'From: a@acme.test\r\nSubject: Big\r\n\r\n';
+    for (const offset of [1024 * 1024, 2 * 1024 * 1024]) {
+      let body = line.repeat(Math.ceil((offset + 200) / line.length));
+      // The one bare LF (after an "x") sits exactly at the slice boundary.
+      body = `${body.slice(0, offset - 1)}x\n${body.slice(offset + 1)}`;
+      const raw = Buffer.from(head + body);
+      expect((await dkimSign(raw, key)).equals(await nodemailerSigned(raw)), String(offset)).toBe(true);
+    }
+  });
+
   it('signs an internationalized domain with its punycode form', async () => {
     const raw = await composed({ from: 'a@bücher.test', to: 'u@example.com', subject: 'Hi', text: 'Hello' });
     const options = { ...key, domainName: 'bücher.test' };

@@ -173,7 +173,8 @@ describe('hand-over fence', () => {
     const [dot, acc, pre, none] = [await accepted(), await accepted(), await accepted(), await accepted()];
     for (const id of [dot, acc, pre, none]) await store.claim(id);
     await ctx.services.redis.set(fence.key(dot), 'dot:someone');
-    await ctx.services.redis.set(fence.key(pre), 'pre:someone');
+    // Written 61 s ago, as the fence writes it (with its 30-minute expiry): old enough to seize.
+    await ctx.services.redis.set(fence.key(pre), 'pre:someone', 'PX', 30 * 60_000 - 61_000);
     await fence.accepted(acc, `${acc}@acme.test`);
 
     const em = ctx.services.orm.em.fork();
@@ -225,7 +226,7 @@ describe('hand-over fence', () => {
   it('has the reconcile job enqueue a seized email, whose job then takes it over and sends it once', async () => {
     const id = await accepted();
     await store.claim(id);
-    await ctx.services.redis.set(fence.key(id), 'pre:a-dead-worker');
+    await ctx.services.redis.set(fence.key(id), 'pre:a-dead-worker', 'PX', 30 * 60_000 - 61_000);
     await new Promise((r) => setTimeout(r, 20));
     const em = ctx.services.orm.em.fork();
     const reconcile = emailSendProcessor('emails', { sendLeaseMs: 10 }).handlers.reconcile;

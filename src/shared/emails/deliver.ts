@@ -408,8 +408,9 @@ export async function failInterruptedEmails(
     else if (marker.startsWith('pre:')) {
       if (seized) takeOver.push(row);
     }
-    // A `reclaim:` too young to seize is a take-over under way: its job is there, so
-    // requeueMissing adds none.
+    // A `reclaim:`, seized or too young to seize (a take-over under way, or this
+    // reconciler's own from its last run): requeueMissing adds a job only when none is
+    // waiting or running.
     else if (marker.startsWith('reclaim:')) takeOver.push(row);
     else rest.push(row.id);
   });

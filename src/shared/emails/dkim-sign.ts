@@ -83,9 +83,14 @@ async function relaxedBodyHash(body: Buffer): Promise<string> {
   const relaxed = new RelaxedBody({ hashAlgo: HASH });
   let hash = '';
   relaxed.on('hash', (value) => (hash = value));
-  for (let at = 0; at < body.length; at += BODY_SLICE) {
+  for (let at = 0; at < body.length; ) {
     if (at > 0) await new Promise((resolve) => setImmediate(resolve));
-    relaxed._transform(body.subarray(at, at + BODY_SLICE), 'buffer', noop);
+    // No slice starts with a line feed: RelaxedBody looks for bare LFs from a chunk's second
+    // byte on, so one at a slice's first byte would be hashed as it is, not as CRLF.
+    let end = Math.min(at + BODY_SLICE, body.length);
+    while (end < body.length && body[end] === 0x0a) end++;
+    relaxed._transform(body.subarray(at, end), 'buffer', noop);
+    at = end;
   }
   relaxed._flush(noop);
   return hash;
