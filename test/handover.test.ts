@@ -168,7 +168,7 @@ describe('hand-over fence', () => {
   });
 
   it('settles the rows whose job is gone after the lease, by their fence', async () => {
-    const hook = await ctx.app.inject({ method: 'POST', url: '/api/v2/webhooks', headers: bearer(token), payload: { url: 'http://127.0.0.1:9/hook', events: ['email.failed'] } });
+    const hook = await ctx.app.inject({ method: 'POST', url: '/api/v2/webhooks', headers: bearer(token), payload: { url: 'http://127.0.0.1:9/hook', events: ['email.failed', 'email.sent'] } });
     expect(hook.statusCode).toBe(200);
     const [dot, acc, pre, none] = [await accepted(), await accepted(), await accepted(), await accepted()];
     for (const id of [dot, acc, pre, none]) await store.claim(id);
@@ -201,6 +201,12 @@ describe('hand-over fence', () => {
     );
     expect(events.map((e) => e.id).sort()).toEqual([dot, none].sort());
     expect(events.find((e) => e.id === dot)?.reason).toBe(UNCERTAIN_REASON);
+    // The one the relay had accepted has its email.sent, with the Message-ID recorded.
+    const sent = await ctx.services.orm.em.fork().execute<{ message_id: string }[]>(
+      `select payload->'data'->>'message_id' as message_id from webhook_messages where type = 'email.sent' and payload->'data'->>'email_id' = ?`,
+      [acc],
+    );
+    expect(sent).toEqual([{ message_id: `${acc}@acme.test` }]);
     await ctx.app.inject({ method: 'DELETE', url: `/api/v2/webhooks/${hook.json().id}`, headers: bearer(token) });
   });
 

@@ -15,14 +15,13 @@ import type { SendGate } from '../outcomes/send-gate.js';
 import {
   claimEmails,
   emailStatus,
-  failClaimedEmail,
+  failClaimedEmails,
   INTERRUPTED_REASON,
   markStaleClaimsSent,
   queuedEmailsPage,
   reclaimEmail,
   recordSent,
   releaseClaimedEmail,
-  settleStaleClaims,
   staleClaims,
   SUPPRESSED_REASON,
   UNCERTAIN_REASON,
@@ -152,8 +151,8 @@ export class DeliveryStore {
   }
 
   /** A claimed email failed (a rare write: on its own), with its `email.failed` webhook. */
-  fail(id: string, reason: string): Promise<void> {
-    return failClaimedEmail(this.orm.em, id, reason);
+  async fail(id: string, reason: string): Promise<void> {
+    await failClaimedEmails(this.orm.em, [id], reason);
   }
 
   /** A claimed email given back to the queue, with the reason of the failed attempt when there is one. */
@@ -415,7 +414,7 @@ export async function failInterruptedEmails(
     else rest.push(row.id);
   });
   await markStaleClaimsSent(em, accepted);
-  const failed = (await settleStaleClaims(em, uncertain, leaseMs, UNCERTAIN_REASON)) + (await settleStaleClaims(em, rest, leaseMs, INTERRUPTED_REASON));
+  const failed = (await failClaimedEmails(em, uncertain, UNCERTAIN_REASON, leaseMs)) + (await failClaimedEmails(em, rest, INTERRUPTED_REASON, leaseMs));
   return { failed, takeOver };
 }
 

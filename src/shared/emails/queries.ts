@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { ContentKind, EmailSource } from '../db/entities/email.js';
 import { inTransaction, withConnection, type Sql } from '../db/sql.js';
 import type { CampaignEmailParts } from '../campaigns/personalize.js';
-import { emailEventColumns, emailEventsFrom, recordEmailEvents, recordSentEmails } from '../webhooks/queries.js';
+import { emailEventColumns, emailEventsFrom, recordSentEmails } from '../webhooks/queries.js';
 import type { NewEmail } from './input.js';
 
 /**
@@ -341,15 +341,26 @@ export async function reclaimEmail(em: EntityManager, id: string): Promise<Claim
   return row;
 }
 
-/** A claimed (`sending`) email failed with `reason`, and its `email.failed` webhook, in one transaction. */
-export async function failClaimedEmail(em: EntityManager, id: string, reason: string): Promise<void> {
-  await inTransaction(em, async (sql) => {
-    const changed = await sql.query<{ id: string }>(
-      `update emails set status = 'failed', failure_reason = ?, updated_at = now() where id = ? and status = 'sending' returning id`,
-      [reason, id],
-    );
-    if (changed.length > 0) await recordEmailEvents(sql, 'email.failed', [{ emailId: id }]);
-  });
+/**
+ * Claimed (`sending`) emails failed with `reason`, with their `email.failed` outbox rows, in
+ * one statement; with `claimedMsAgo`, only those claimed at least that long ago (the
+ * reconciler's lease). Returns how many changed.
+ */
+export async function failClaimedEmails(em: EntityManager, ids: readonly string[], reason: string, claimedMsAgo = 0): Promise<number> {
+  if (ids.length === 0) return 0;
+  const changed = await withConnection(em, (sql) =>
+    sql.query<{ id: string }>(
+      `with changed as (
+         update emails e set status = 'failed', failure_reason = ?, updated_at = now()
+         where e.id = any(?::text[]) and e.status = 'sending' and e.claimed_at <= now() - (? * interval '1 millisecond')
+         returning ${emailEventColumns('e')}),
+       events as (${emailEventsFrom('changed', 'email.failed')})
+       select id from changed`,
+      [reason, ids, claimedMsAgo],
+      'mailroom_emails_fail',
+    ),
+  );
+  return changed.length;
 }
 
 /** A claimed (`sending`) email given back (`queued`), with the reason of the failed attempt when there is one. */
@@ -379,39 +390,28 @@ export async function staleClaims(em: EntityManager, leaseMs: number): Promise<{
   );
 }
 
-/** Stale claims the provider is known to have accepted: sent, with their campaigns counted. */
+/**
+ * Stale claims the provider is known to have accepted: sent, with their campaigns counted and
+ * their `email.sent` outbox rows, in one transaction (as the send path's write-back).
+ */
 export async function markStaleClaimsSent(em: EntityManager, accepted: readonly { id: string; message_id: string }[]): Promise<void> {
   if (accepted.length === 0) return;
-  await em.execute(
-    `with sent as (update emails e set status = 'sent', message_id = v.message_id, sent_at = now(), failure_reason = null, updated_at = now()
-       from jsonb_to_recordset(?::jsonb) as v(id text, message_id text)
-       where e.id = v.id and e.status = 'sending'
-       returning e.campaign_id, e.source)
-     update campaigns c set emails_sent_count = c.emails_sent_count + s.n
-     from (select campaign_id, count(*)::int as n from sent where source = 'campaign' and campaign_id is not null group by campaign_id) s
-     where c.id = s.campaign_id`,
-    [JSON.stringify(accepted)],
-    'run',
-  );
-}
-
-/**
- * Stale claims failed with `reason`, each only while still `sending` and claimed longer ago
- * than `leaseMs`, with their `email.failed` outbox rows; returns how many changed.
- */
-export async function settleStaleClaims(em: EntityManager, ids: readonly string[], leaseMs: number, reason: string): Promise<number> {
-  if (ids.length === 0) return 0;
-  const changed = await em.execute<{ id: string }[]>(
-    `with changed as (
-       update emails e set status = 'failed', failure_reason = ?, updated_at = now()
-       where e.status = 'sending' and e.id in (select jsonb_array_elements_text(?::jsonb)) and e.claimed_at < now() - (? * interval '1 millisecond')
-       returning ${emailEventColumns('e')}),
-     events as (${emailEventsFrom('changed', 'email.failed')})
-     select id from changed`,
-    [reason, JSON.stringify(ids), leaseMs],
-    'all',
-  );
-  return changed.length;
+  await inTransaction(em, async (sql) => {
+    await sql.query(
+      `with sent as (update emails e set status = 'sent', message_id = v.message_id, sent_at = now(), failure_reason = null, updated_at = now()
+         from jsonb_to_recordset(?::jsonb) as v(id text, message_id text)
+         where e.id = v.id and e.status = 'sending'
+         returning e.campaign_id, e.source)
+       update campaigns c set emails_sent_count = c.emails_sent_count + s.n
+       from (select campaign_id, count(*)::int as n from sent where source = 'campaign' and campaign_id is not null group by campaign_id) s
+       where c.id = s.campaign_id`,
+      [JSON.stringify(accepted)],
+    );
+    await recordSentEmails(
+      sql,
+      accepted.map((a) => a.id),
+    );
+  });
 }
 
 /**
