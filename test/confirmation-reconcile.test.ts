@@ -92,6 +92,24 @@ describe('double opt-in: a confirmation whose job is lost after the commit', () 
     expect(await (await ctx.services.producer.queue('subscribers').getJob(jobId))?.getState()).toBe('failed');
   });
 
+  it('is sent again when the failed job under its id belongs to an earlier confirmation', async () => {
+    const deps = { em: ctx.services.orm.em.fork(), producer: producerWithRedisDown(), clock: () => new Date() };
+    await expect(createSubscriber(deps, organizationId, { email: 'pending-again@example.com' })).rejects.toThrow(/closed/);
+    const [subscriber] = await sql<{ id: string }>('select id from subscribers where email = ?', ['pending-again@example.com']);
+    const queue = ctx.services.producer.queue('subscribers');
+    const jobId = `confirm-${subscriber!.id}`;
+    // A job of the same id failed ten minutes ago, before this confirmation was owed (five).
+    await queue.add('no-such-job' as never, {} as never, { jobId, attempts: 1 });
+    await until(() => queue.getJob(jobId).then((j) => j?.getState()), (state) => state === 'failed');
+    await ctx.services.redis.hset(queue.toKey(jobId), 'finishedOn', String(Date.now() - 10 * 60_000));
+    await sql(`update subscriber_confirmations set created_at = now() - interval '5 minutes' where subscriber_id = ?`, [subscriber!.id]);
+
+    expect((await reconcile()).requeued).toBeLessThanOrEqual(1);
+    const job = await until(() => finishedJob(jobId), (j) => j?.name === 'send-confirmation' && j.finishedOn !== undefined);
+    expect(job!.returnvalue).toMatchObject({ handedOff: true });
+    expect(await sql('select 1 from subscriber_confirmations where subscriber_id = ?', [subscriber!.id])).toHaveLength(0);
+  });
+
   it('is owed only until its job has run when Redis is up', async () => {
     const deps = { em: ctx.services.orm.em.fork(), producer: ctx.services.producer, clock: () => new Date() };
     const { subscriber } = await createSubscriber(deps, organizationId, { email: 'fine@example.com' });

@@ -79,19 +79,26 @@ async function reconcileConfirmations(ctx: JobContext): Promise<number> {
   const missing: string[] = [];
   // The jobs and their states read together (the commands overlap on the connection), not a
   // round trip after another for each of up to a page of confirmations.
-  const jobs = await Promise.all(owed.map((subscriberId) => queue.getJob(confirmationJobId(subscriberId))));
+  const jobs = await Promise.all(owed.map(({ subscriberId }) => queue.getJob(confirmationJobId(subscriberId))));
   const states = await Promise.all(jobs.map((job) => job?.getState()));
-  for (const [i, subscriberId] of owed.entries()) {
+  for (const [i, { subscriberId, owedSince }] of owed.entries()) {
     const job = jobs[i];
     if (job) {
       const state = states[i];
-      // Failed (its attempts spent on an error that is not an outage): the failed job is the
-      // operator's record, and it is not retried every minute. The confirmation is no longer
-      // owed: left in place, such records would fill the reconciler's page (the oldest first)
-      // and hide newer confirmations whose job Redis lost.
-      if (state === 'failed') await deleteConfirmationDue(ctx.em, subscriberId, before);
+      // A failed job that ended before this confirmation was owed belongs to an earlier one
+      // (the subscriber became pending again; the new job's add was a no-op on its id): it is
+      // replaced like a completed one.
+      const earlier = job.finishedOn !== undefined && job.finishedOn < owedSince.getTime();
+      if (state === 'failed' && !earlier) {
+        // Its attempts spent on an error that is not an outage: the failed job is the
+        // operator's record, and it is not retried every minute. The confirmation is no
+        // longer owed: left in place, such records would fill the reconciler's page (the
+        // oldest first) and hide newer confirmations whose job Redis lost.
+        await deleteConfirmationDue(ctx.em, subscriberId, before);
+        continue;
+      }
       // Waiting, delayed or running: it will clear the record.
-      if (state !== 'completed') continue;
+      if (state !== 'completed' && state !== 'failed') continue;
       await job.remove();
     }
     missing.push(subscriberId);

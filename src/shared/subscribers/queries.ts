@@ -410,12 +410,12 @@ export async function deleteConfirmationDue(em: Execute, subscriberId: string, u
   await em.execute('delete from subscriber_confirmations where subscriber_id = ? and created_at <= ?', [subscriberId, upTo], 'run');
 }
 
-/** Subscribers whose confirmation has been owed since before `before`, oldest first. */
-export async function selectOverdueConfirmations(em: Execute, before: Date, limit: number): Promise<string[]> {
-  const found = await em.execute<Array<{ subscriber_id: string }>>(
-    'select subscriber_id from subscriber_confirmations where created_at < ? order by created_at limit ?',
+/** Subscribers whose confirmation has been owed since before `before`, oldest first, with since when. */
+export async function selectOverdueConfirmations(em: Execute, before: Date, limit: number): Promise<{ subscriberId: string; owedSince: Date }[]> {
+  const found = await em.execute<Array<{ subscriber_id: string; created_at: Date }>>(
+    'select subscriber_id, created_at from subscriber_confirmations where created_at < ? order by created_at limit ?',
     [before, limit],
     'all',
   );
-  return found.map((r) => r.subscriber_id);
+  return found.map((r) => ({ subscriberId: r.subscriber_id, owedSince: new Date(r.created_at) }));
 }
