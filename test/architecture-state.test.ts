@@ -38,7 +38,6 @@ const IMMUTABLE: Record<string, string> = {
   // configuration, so sharing them across a process is harmless.
   'src/shared/db/sql.ts:numbered': 'the same memo, where the data-access helper moves it',
   'src/shared/emails/dkim-sign.ts:parsedKeys': 'memo of PEM -> KeyObject',
-  'src/shared/bounces/queries.ts:insertTexts': 'memo of a row count -> its INSERT text',
 };
 
 // A `let`; a Map, Set, cache, store, pool, client...; an empty array or object (filled at run

@@ -230,6 +230,22 @@ describe('bounces by mail', () => {
   });
 });
 
+describe('one message to one return path under several hosts', () => {
+  it('is stored as one report', async () => {
+    const sent = await send('hosts@example.com');
+    const local = sent.returnPath.split('@')[0]!;
+    const client = nodemailer.createTransport({ host: '127.0.0.1', port: inbound.port, secure: false, ignoreTLS: true, connectionTimeout: 5_000 });
+    try {
+      await client.sendMail({ envelope: { from: '', to: [sent.returnPath, `${local}@a.example`, `${local}@b.example`] }, raw: fixture('postfix-dsn', sent) });
+    } finally {
+      client.close();
+    }
+    await readReports(sent.returnPath);
+    const [stored] = await sql<{ n: number }>(`select count(*)::int as n from inbound_reports where email_id = ?`, [sent.id]);
+    expect(stored!.n).toBe(1);
+  });
+});
+
 describe('complaints by mail (ARF)', () => {
   for (const [name, address] of [
     ['yahoo-arf', 'reader@yahoo-example.com'],

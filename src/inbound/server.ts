@@ -5,7 +5,7 @@ import type { ReturnPaths } from '../shared/bounces/return-path.js';
 import { insertReports, newReportId, type NewReport } from '../shared/bounces/queries.js';
 import type { Services } from '../shared/container.js';
 import type { Logger } from '../shared/logger.js';
-import { replies, SmtpReplyError } from '../shared/submission/reply.js';
+import { replies } from '../shared/submission/reply.js';
 
 /** One accepted message: its envelope and bytes, for each valid return-path recipient. */
 export interface InboundMessage {
@@ -44,8 +44,12 @@ export interface InboundServer {
 // A DSN or ARF report has one recipient; a few more are tolerated, not hundreds.
 const MAX_RECIPIENTS = 10;
 const SOCKET_TIMEOUT_MS = 60_000;
-// Messages written by one INSERT (group commit, `storeReports`).
+// Messages written by one INSERT (group commit, `storeReports`), and the bytes of report it
+// binds at most (a message over it goes alone): every report binds its whole message, and a
+// statement of many 10 MB messages would pass PostgreSQL's 1 GB message limit, failing the
+// honest reports grouped with them.
 const MAX_BATCH = 100;
+const MAX_BATCH_BYTES = 64 * 1024 * 1024;
 // Stored reports gathered into one job (`storeReports`): at most this long, at most this many
 // (the job payload's limit is 1,000).
 const ENQUEUE_WINDOW_MS = 100;
@@ -93,7 +97,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
       const verified = returnPaths.verify(address.address);
       if (!verified) {
         refused();
-        return callback(new SmtpReplyError(550, '5.1.1', 'No such recipient here'));
+        return callback(replies.noSuchRecipient());
       }
       // smtp-server adds this very object to the envelope's recipients (a repeated address
       // replaces the earlier one, and went through here too): onData finds each one here.
@@ -146,8 +150,8 @@ export async function startInboundServer(options: InboundServerOptions): Promise
  * added (Redis down or lost, or the process gone before it) is added by the reconciler
  * (workers/inbound.ts) a minute later.
  *
- * Writes: one statement in flight at a time, taking every message waiting (up to MAX_BATCH:
- * one INSERT, one commit); a message that arrives meanwhile waits for it and goes with the
+ * Writes: one statement in flight at a time, taking every message waiting (up to MAX_BATCH
+ * and MAX_BATCH_BYTES: one INSERT, one commit); a message that arrives meanwhile waits for it and goes with the
  * next group. The answer waits for a durable commit. A message arriving on an idle listener
  * is written at once: no timer. Measured against four statements in flight (each message its
  * own statement and commit), one gives the same rate for a fifth less CPU a report in the
@@ -160,7 +164,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
  * processing waits that long at most; the sender does not wait for it.
  */
 function storeReports(services: Services): { accept: (message: InboundMessage) => Promise<void>; close: () => Promise<void> } {
-  const waiting: { reports: NewReport[]; done: () => void; failed: (error: unknown) => void }[] = [];
+  const waiting: { reports: NewReport[]; bytes: number; done: () => void; failed: (error: unknown) => void }[] = [];
   let writing: Promise<void> | undefined;
   const unqueued: string[] = [];
   let timer: NodeJS.Timeout | undefined;
@@ -182,7 +186,10 @@ function storeReports(services: Services): { accept: (message: InboundMessage) =
   const writeBatches = async () => {
     try {
       while (waiting.length > 0) {
-        const batch = waiting.splice(0, MAX_BATCH);
+        let taken = 0;
+        let bytes = 0;
+        while (taken < Math.min(waiting.length, MAX_BATCH) && (taken === 0 || bytes + waiting[taken]!.bytes <= MAX_BATCH_BYTES)) bytes += waiting[taken++]!.bytes;
+        const batch = waiting.splice(0, taken);
         const reports = batch.flatMap((b) => b.reports);
         try {
           await insertReports(services.orm.em, reports, services.clock());
@@ -206,8 +213,10 @@ function storeReports(services: Services): { accept: (message: InboundMessage) =
   return {
     accept: (message) =>
       new Promise<void>((resolve, reject) => {
-        const reports = message.recipients.map((r) => ({ id: newReportId(), emailId: r.emailId, mailFrom: message.mailFrom, rcptTo: r.address, raw: message.raw }));
-        waiting.push({ reports, done: resolve, failed: reject });
+        // One report an email: the same return path under several hosts is one report (the first).
+        const recipients = message.recipients.filter((r, i) => message.recipients.findIndex((o) => o.emailId === r.emailId) === i);
+        const reports = recipients.map((r) => ({ id: newReportId(), emailId: r.emailId, mailFrom: message.mailFrom, rcptTo: r.address, raw: message.raw }));
+        waiting.push({ reports, bytes: reports.length * message.raw.length, done: resolve, failed: reject });
         writing ??= writeBatches();
       }),
     /** Enqueues what is stored and not enqueued yet (graceful shutdown). */

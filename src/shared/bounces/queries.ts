@@ -24,18 +24,14 @@ export interface NewReport {
 // Statements prepared once per connection: one a group size up to this many rows (the listener
 // writes groups of a few messages); larger groups are planned each time.
 const MAX_PREPARED_ROWS = 8;
-const insertTexts = new Map<number, string>();
 
 /** `insert … values (…), (…)` for `rows` reports, each row's raw bytes its own bound parameter. */
 function insertText(rows: number): string {
-  let text = insertTexts.get(rows);
-  if (text === undefined) {
-    const tuples = Array.from({ length: rows }, () => '(?, ?, ?, ?, ?::bytea, ?::int, ?::timestamptz)');
-    text = `insert into inbound_reports (id, email_id, mail_from, rcpt_to, raw, size, received_at) values ${tuples.join(', ')}`;
-    if (rows <= MAX_PREPARED_ROWS) insertTexts.set(rows, text);
-  }
-  return text;
+  const tuples = Array.from({ length: rows }, () => '(?, ?, ?, ?, ?::bytea, ?::int, ?::timestamptz)');
+  return `insert into inbound_reports (id, email_id, mail_from, rcpt_to, raw, size, received_at) values ${tuples.join(', ')}`;
 }
+// Made once: db/sql.ts keeps the numbered form of a text it has seen.
+const PREPARED_TEXTS = Array.from({ length: MAX_PREPARED_ROWS + 1 }, (_, rows) => insertText(rows));
 
 /**
  * The reports of one group commit in one statement (its own implicit transaction, durable
@@ -48,7 +44,7 @@ export async function insertReports(em: EntityManager, reports: NewReport[], rec
   const values: unknown[] = [];
   for (const r of reports) values.push(r.id, r.emailId, r.mailFrom, r.rcptTo, r.raw, r.raw.length, receivedAt);
   const name = reports.length <= MAX_PREPARED_ROWS ? `mailroom_insert_inbound_reports_${reports.length}` : undefined;
-  await withConnection(em, (sql) => sql.query(insertText(reports.length), values, name));
+  await withConnection(em, (sql) => sql.query(PREPARED_TEXTS[reports.length] ?? insertText(reports.length), values, name));
 }
 
 export interface StoredReport {

@@ -23,6 +23,7 @@ export const replies = {
     new SmtpReplyError(421, '4.7.0', `Rate limit of ${limit} messages a second for this ${of} exceeded, try again later`),
   tooManyRecipients: (max: number) => new SmtpReplyError(452, '4.5.3', `Too many recipients (at most ${max} a message)`),
   badRecipient: () => new SmtpReplyError(553, '5.1.3', 'Invalid recipient address'),
+  noSuchRecipient: () => new SmtpReplyError(550, '5.1.1', 'No such recipient here'),
   tooBig: (max: number) => new SmtpReplyError(552, '5.3.4', `Message exceeds the maximum size of ${max} bytes`),
   malformed: (why: string) => new SmtpReplyError(554, '5.6.0', why),
   notAllowed: (why: string) => new SmtpReplyError(550, '5.7.1', why),
