@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { randomHex } from '../src/shared/crypto.js';
 import { isId, newId } from '../src/shared/ids.js';
 
 // Ids are drawn from a pool of random bytes (src/shared/ids.ts): they must stay unique, valid,
@@ -23,5 +24,15 @@ describe('ids', () => {
     // 40 ids x 16 characters = 640 draws, 20 expected per character.
     expect(counts.size).toBe(32);
     for (const n of counts.values()) expect(n).toBeLessThan(60);
+  });
+
+  it('never give the same random bytes twice, across many refills of the pool', () => {
+    // 4 KiB draws: each takes a pool of its own.
+    const pools = [randomHex(4096), randomHex(4096), randomHex(4096)];
+    expect(new Set(pools).size).toBe(3);
+    // 8-byte draws (MIME boundaries) over six refills, some straddling a refill.
+    const small = Array.from({ length: 3_000 }, () => randomHex(8));
+    expect(new Set(small).size).toBe(small.length);
+    expect(small.every((h) => /^[0-9a-f]{16}$/.test(h))).toBe(true);
   });
 });

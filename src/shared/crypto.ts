@@ -1,4 +1,4 @@
-import { createCipheriv, createDecipheriv, createHash, hash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createCipheriv, createDecipheriv, createHash, hash, randomBytes, randomFillSync, timingSafeEqual } from 'node:crypto';
 
 export function sha256Hex(value: string): string {
   return createHash('sha256').update(value).digest('hex');
@@ -111,6 +111,42 @@ function sameText(a: string, b: string): boolean {
   return diff === 0;
 }
 
+const POOL_BYTES = 4096;
+
+/**
+ * Cryptographically random bytes drawn from a pool refilled 4 KiB at a time (randomFillSync),
+ * each byte used once, as node's randomUUID does: ids (ulid asked the OS for one byte per
+ * character), MIME boundaries (nodemailer for 8 bytes a part) and token secrets share it.
+ */
+function randomPool() {
+  const pool = Buffer.allocUnsafe(POOL_BYTES);
+  let next = POOL_BYTES;
+  const take = (bytes: number) => {
+    if (next + bytes > POOL_BYTES) {
+      randomFillSync(pool);
+      next = 0;
+    }
+    next += bytes;
+    return next - bytes;
+  };
+  return {
+    /** In [0, 1): a byte over 256 maps evenly onto ulid's 32 characters. */
+    fraction: () => pool[take(1)]! / 256,
+    hex(bytes: number): string {
+      if (bytes > POOL_BYTES) return randomBytes(bytes).toString('hex');
+      const at = take(bytes);
+      return pool.toString('hex', at, at + bytes);
+    },
+  };
+}
+const random = randomPool();
+
+/** `bytes` random bytes in hex (a token secret, a MIME boundary). */
 export function randomHex(bytes: number): string {
-  return randomBytes(bytes).toString('hex');
+  return random.hex(bytes);
+}
+
+/** A random number in [0, 1) with 8 bits of randomness (ulid draws one a character). */
+export function randomFraction(): number {
+  return random.fraction();
 }

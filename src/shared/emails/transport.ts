@@ -7,7 +7,7 @@ import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import type DKIM from 'nodemailer/lib/dkim/index.js';
 import SMTPPool from 'nodemailer/lib/smtp-pool/index.js';
 import type { Config } from '../config.js';
-import { randomHex } from '../ids.js';
+import { randomHex } from '../crypto.js';
 import { withSubmittedParts } from '../submission/delivery.js';
 import type { SubmittedParts } from '../submission/queries.js';
 import { dkimSign, type DkimKey } from './dkim-sign.js';
