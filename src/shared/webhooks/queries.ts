@@ -311,31 +311,34 @@ const EMAIL_DATA = `jsonb_build_object(
   || case when e.campaign_id is null then '{}'::jsonb else jsonb_build_object('campaign_id', e.campaign_id) end
   || case when e.status = 'failed' then jsonb_build_object('reason', e.failure_reason) else '{}'::jsonb end`;
 
-const INSERT_EMAILS = `
-  insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
-  select webhook_message_id(), w.id, e.organization_id, ?::text,
-    jsonb_build_object('type', ?::text, 'created_at', ${NOW_ISO}, 'data', ${EMAIL_DATA} || coalesce(v.extra, '{}'::jsonb)), now()
-  from jsonb_to_recordset(?::jsonb) as v(id text, extra jsonb)
-  join emails e on e.id = v.id
-  join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED('?::text')}`;
-
-/** The columns of `emails` that emailEventsFrom reads: what the caller's RETURNING gives it. */
+/** The columns of `emails` that EMAIL_DATA and emailEventsInsert read: what a caller's RETURNING gives emailEventsFrom. */
 export const emailEventColumns = (alias: string) =>
   ['id', 'status', 'failure_reason', 'organization_id', 'message_id', 'from_address', 'to_address', 'subject', 'tags', 'created_at', 'campaign_id'].map((c) => `${alias}.${c}`).join(', ');
 
 /**
+ * The outbox insert of email events: one row for each email of `source` (a FROM clause that
+ * names the emails `e`) and each enabled endpoint subscribed to `type` (an SQL expression),
+ * `extra` added to `data`.
+ */
+const emailEventsInsert = (source: string, type: string, extra = '') => `
+  insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
+  select webhook_message_id(), w.id, e.organization_id, ${type},
+    jsonb_build_object('type', ${type}, 'created_at', ${NOW_ISO}, 'data', ${EMAIL_DATA}${extra}), now()
+  ${source}
+  join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED(type)}`;
+
+// Bound: the type (three times) and the emails with their `extra`, as jsonb.
+const INSERT_EMAILS = emailEventsInsert(`from jsonb_to_recordset(?::jsonb) as v(id text, extra jsonb) join emails e on e.id = v.id`, '?::text', ` || coalesce(v.extra, '{}'::jsonb)`);
+
+/**
  * The outbox rows of one email event for the rows of `relation`, a data-modifying WITH of
  * the caller's statement: `relation` is one of its own CTEs that returns the emails' columns
- * as they now are (an UPDATE's RETURNING of emailEventColumns), read here as `e`. The event then commits with the
- * change itself, with nothing to lose in between.
+ * as they now are (an UPDATE's RETURNING of emailEventColumns), read here as `e`. The event
+ * then commits with the change itself, with nothing to lose in between.
  */
 export function emailEventsFrom(relation: string, type: WebhookEventType): string {
   if (!WEBHOOK_EVENT_TYPES.includes(type)) throw new Error(`unknown webhook event type ${type}`);
-  return `insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
-  select webhook_message_id(), w.id, e.organization_id, '${type}',
-    jsonb_build_object('type', '${type}'::text, 'created_at', ${NOW_ISO}, 'data', ${EMAIL_DATA}), now()
-  from ${relation} e
-  join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED(`'${type}'::text`)}`;
+  return emailEventsInsert(`from ${relation} e`, `'${type}'::text`);
 }
 
 /** Records one email event per email (set-based: one statement for the whole batch). */
@@ -348,14 +351,11 @@ export async function recordEmailEvents(db: OutboxDb, type: WebhookEventType, it
 // Rows the send path's write-back just set (its `sent_at = now()` is this transaction's
 // time, stored to the millisecond, which no earlier write can have): `email.sent`, and `email.delivered` too when the
 // transport reported delivery at once (the file transport).
-const INSERT_SENT = `
-  insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
-  select webhook_message_id(), w.id, e.organization_id, t.type,
-    jsonb_build_object('type', t.type, 'created_at', ${NOW_ISO}, 'data', ${EMAIL_DATA}), now()
-  from emails e
-  cross join lateral (select 'email.sent'::text as type union all select 'email.delivered' where e.delivery_status = 'delivered') t
-  join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED('t.type')}
-  where e.id = any(array(select jsonb_array_elements_text(?::jsonb))) and e.status = 'sent' and e.sent_at = now()::timestamptz(3)`;
+const INSERT_SENT =
+  emailEventsInsert(
+    `from emails e cross join lateral (select 'email.sent'::text as type union all select 'email.delivered' where e.delivery_status = 'delivered') t`,
+    't.type',
+  ) + ` where e.id = any(array(select jsonb_array_elements_text(?::jsonb))) and e.status = 'sent' and e.sent_at = now()::timestamptz(3)`;
 
 /**
  * `email.sent` (and `email.delivered`) for the emails of one group-committed write-back,
