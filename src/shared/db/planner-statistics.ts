@@ -27,19 +27,16 @@ const CHECK_EVERY_MS = 5_000;
  * analysed now: at 512 KiB, 2 MiB, 8 MiB and so on up to 1 GiB, a handful of times in a
  * table's life, each reading a sample of 30,000 rows at most.
  */
-export async function refreshPlannerStatistics(orm: Orm, logger: Logger, attempted = new Map<string, number>()): Promise<GrownTable[]> {
+export async function refreshPlannerStatistics(orm: Orm, logger: Logger): Promise<GrownTable[]> {
   const analysed: GrownTable[] = [];
+  // An ANALYZE that runs sets relpages: the table is not found again until it grows as much once
+  // more (grownTables lists only tables the database user may analyse).
   for (const grown of await grownTables(orm.em, { factor: GROWTH_FACTOR, minPages: MIN_PAGES, maxPages: MAX_PAGES })) {
-    // Tried at this size already (the ANALYZE did not move relpages: a database user that does
-    // not own the table gets a warning instead): not again until it grows as much once more.
-    if (grown.pagesNow < GROWTH_FACTOR * (attempted.get(grown.table) ?? 0)) continue;
-    attempted.set(grown.table, grown.pagesNow);
     try {
       if (!(await analyzeTable(orm.em, grown.table, LOCK_TIMEOUT_MS))) continue;
     } catch (error) {
       // The next pass tries again. A lock not granted in time (55P03: autovacuum on the
       // table) is routine; any other error is not, and is not hidden at debug level.
-      attempted.delete(grown.table);
       if ((error as { code?: unknown }).code === '55P03') logger.debug({ err: error, table: grown.table }, 'table not analysed yet');
       else logger.warn({ err: error, table: grown.table }, 'table not analysed; trying again');
       continue;
@@ -58,9 +55,8 @@ export function keepPlannerStatistics(orm: Orm, logger: Logger, everyMs = CHECK_
   let timer: NodeJS.Timeout | undefined;
   let running: Promise<void> | undefined;
   let stopped = false;
-  const attempted = new Map<string, number>();
   const pass = () => {
-    running = refreshPlannerStatistics(orm, logger, attempted)
+    running = refreshPlannerStatistics(orm, logger)
       .then(
         () => undefined,
         (error: unknown) => logger.warn({ err: error }, 'planner statistics not refreshed; trying again'),

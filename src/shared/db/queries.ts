@@ -49,14 +49,15 @@ export interface GrownTable {
 
 /**
  * The tables of the current schema that are at least `factor` times larger than at their last
- * ANALYZE or VACUUM (counting an unanalysed table as `minPages`) and still under `maxPages`:
- * one pass over the catalog, no table read.
+ * ANALYZE or VACUUM (counting an unanalysed table as `minPages`) and still under `maxPages`,
+ * among those the database user may analyse (its own: another's ANALYZE is only a warning,
+ * which would leave relpages as they were): one pass over the catalog, no table read.
  */
 export async function grownTables(em: Execute, options: { factor: number; minPages: number; maxPages: number }): Promise<GrownTable[]> {
   const rows = await em.execute<Array<{ table: string; pages_then: number; pages_now: string }>>(
     `select c.relname as "table", c.relpages as pages_then, pg_relation_size(c.oid) / current_setting('block_size')::int as pages_now
        from pg_class c join pg_namespace n on n.oid = c.relnamespace
-      where n.nspname = current_schema() and c.relkind = 'r' and c.relpages < ?
+      where n.nspname = current_schema() and c.relkind = 'r' and pg_has_role(c.relowner, 'USAGE') and c.relpages < ?
         and pg_relation_size(c.oid) / current_setting('block_size')::int >= ? * greatest(c.relpages, ?)
       order by c.relname`,
     [options.maxPages, options.factor, options.minPages],
