@@ -7,7 +7,8 @@ const run = promisify(execFile);
 
 /** Peak RSS (bytes) of the fixture's allocation pattern with HEAP_GROWING_PERCENT = `percent`. */
 async function peakRss(percent: number): Promise<number> {
-  const { stdout } = await run(process.execPath, ['--import', 'tsx', 'test/fixtures/heap-growth.ts', String(percent)], { cwd: ROOT });
+  const env = { ...process.env, HEAP_GROWING_PERCENT: String(percent), SECRET_KEY: 'heap-growth-test-secret-key-0123456789', LOG_LEVEL: 'silent' };
+  const { stdout } = await run(process.execPath, ['--import', 'tsx', 'test/fixtures/heap-growth.ts'], { cwd: ROOT, env });
   return Number(stdout.split(' ')[0]);
 }
 
