@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { withConnection } from '../src/shared/db/sql.js';
+import { inTransaction, withConnection } from '../src/shared/db/sql.js';
 import { initOrm, type Orm } from '../src/shared/db/orm.js';
-import { refreshPlannerStatistics } from '../src/shared/db/planner-statistics.js';
+import { keepPlannerStatistics, refreshPlannerStatistics } from '../src/shared/db/planner-statistics.js';
+import { until } from './helpers/until.js';
 import { claimEmails, insertEmailRows } from '../src/shared/emails/queries.js';
 import type { NewEmail } from '../src/shared/emails/input.js';
 import { newId } from '../src/shared/ids.js';
@@ -72,36 +73,77 @@ describe('planner statistics of a table that grew', () => {
   });
 });
 
-describe('planner statistics pass: errors', () => {
-  // A catalog that reports one grown table, and a connection whose ANALYZE fails with `code`.
-  const failingOrm = (code: string) => {
-    const connection = {
-      query: async (text: string | { text: string }) => {
-        const sqlText = typeof text === 'string' ? text : text.text;
-        if (sqlText.startsWith('analyze')) throw Object.assign(new Error('analyze failed'), { code });
-        if (sqlText.includes('pg_try_advisory_xact_lock')) return { rows: [{ locked: true }] };
-        return { rows: [] };
-      },
-    };
-    const em = {
-      execute: async () => [{ table: 'emails', pages_then: 0, pages_now: '100' }],
-      getKnex: () => ({ client: { acquireConnection: async () => connection, releaseConnection: async () => {} } }),
-    };
-    return { em } as unknown as Orm;
+describe('planner statistics pass: failures, and the timer of a worker process', () => {
+  let ctx: TestContext;
+  const sql = (text: string) => ctx.services.orm.em.fork().execute(text);
+  /** A table of about 1 MB never analysed (autovacuum off for it): grown for the pass. */
+  const grownTable = async (name: string, index?: string) => {
+    await sql(`create table ${name} (a int, b text) with (autovacuum_enabled = false)`);
+    // Before the rows: building an index sets the table's relpages, as an ANALYZE would.
+    if (index) await sql(`create index on ${name} (${index})`);
+    await sql(`insert into ${name} select g, repeat('x', 100) from generate_series(1, 10000) g`);
   };
+  const relpages = async (name: string) => Number(((await sql(`select relpages from pg_class where relname = '${name}'`)) as { relpages: number }[])[0]!.relpages);
   const spyLogger = () => {
-    const calls: { level: string; msg: string }[] = [];
-    const at = (level: string) => (_obj: unknown, msg: string) => void calls.push({ level, msg });
+    const calls: { level: string; table?: string }[] = [];
+    const at = (level: string) => (obj: { table?: string }) => void calls.push({ level, table: obj?.table });
     return { calls, logger: { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') } as unknown as ReturnType<typeof createLogger> };
   };
 
-  it('logs a lock not granted at debug level, any other failure of the ANALYZE as a warning', async () => {
-    const locked = spyLogger();
-    expect(await refreshPlannerStatistics(failingOrm('55P03'), locked.logger)).toEqual([]);
-    expect(locked.calls.map((c) => c.level)).toEqual(['debug']);
+  beforeAll(async () => {
+    ctx = await createTestContext();
+    // ANALYZE evaluates this expression index over its sample: it fails while the setting is on.
+    await sql(`create function probe_fail(a int) returns int immutable language plpgsql as $$
+      begin if current_setting('mailroom.probe_fail', true) = 'on' then raise exception 'probe'; end if; return a; end $$`);
+    await grownTable('grown_probe', '(probe_fail(a))');
+  });
+  afterAll(async () => ctx?.close());
 
-    const broken = spyLogger();
-    expect(await refreshPlannerStatistics(failingOrm('XX000'), broken.logger)).toEqual([]);
-    expect(broken.calls.map((c) => c.level)).toEqual(['warn']);
+  it('logs a lock not granted at debug level, any other failure of the ANALYZE as a warning', async () => {
+    // Another session holds the table (as autovacuum would): the ANALYZE gives up after 1 s.
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    const holder = inTransaction(ctx.services.orm.em, async (tx) => {
+      await tx.query('lock table grown_probe in share update exclusive mode');
+      locked();
+      await held;
+    });
+    await isLocked;
+    const waiting = spyLogger();
+    try {
+      expect((await refreshPlannerStatistics(ctx.services.orm, waiting.logger)).map((a) => a.table)).not.toContain('grown_probe');
+    } finally {
+      release();
+      await holder;
+    }
+    expect(waiting.calls.filter((c) => c.table === 'grown_probe').map((c) => c.level)).toEqual(['debug']);
+
+    // Any other error: the ANALYZE itself fails (on connections opened with the setting on).
+    const [{ db }] = (await sql('select current_database() as db')) as { db: string }[];
+    await sql(`alter database "${db}" set mailroom.probe_fail = 'on'`);
+    const failing = await initOrm({ databaseUrl: ctx.env.config.databaseUrl, poolSize: 1 });
+    try {
+      const broken = spyLogger();
+      expect((await refreshPlannerStatistics(failing, broken.logger)).map((a) => a.table)).not.toContain('grown_probe');
+      expect(broken.calls.filter((c) => c.table === 'grown_probe').map((c) => c.level)).toEqual(['warn']);
+    } finally {
+      await failing.close(true);
+      await sql(`alter database "${db}" reset mailroom.probe_fail`);
+    }
+    expect(await relpages('grown_probe')).toBe(0);
+  });
+
+  it('runs every few seconds in a worker process until stopped', async () => {
+    const keeper = keepPlannerStatistics(ctx.services.orm, createLogger({ level: 'silent' }), 20);
+    try {
+      await until(() => relpages('grown_probe'), (pages) => pages > 0, 10_000);
+    } finally {
+      await keeper.stop();
+    }
+    await grownTable('grown_after_stop');
+    await new Promise((r) => setTimeout(r, 300));
+    expect(await relpages('grown_after_stop')).toBe(0);
   });
 });
