@@ -3,6 +3,7 @@ import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, type InboundServer, type InboundServerOptions } from '../src/inbound/server.js';
 import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
+import { inTransaction } from '../src/shared/db/sql.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
@@ -368,6 +369,52 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     } finally {
       dialog.close();
       await flaky.close();
+    }
+  });
+
+  it('answers 250 only once the report is committed; 451 4.3.0 when PostgreSQL refuses it, then 250 to the retry', async () => {
+    const dialog = await openDialog(inbound.port);
+    const transaction = async (rcpt: string) => {
+      expect(await dialog.send('MAIL FROM:<>')).toMatch(/^250 /);
+      expect(await dialog.send(`RCPT TO:<${rcpt}>`)).toMatch(/^250 /);
+      expect(await dialog.send('DATA')).toMatch(/^354 /);
+      return dialog.send('Subject: Undelivered Mail\r\n\r\nNo such user.\r\n.');
+    };
+    const stored = async (emailId: string) => ((await sql<{ n: number }>('select count(*)::int as n from inbound_reports where email_id = ?', [emailId]))[0]!.n);
+    try {
+      expect(await dialog.send('EHLO mta.example.net')).toMatch(/^250/);
+      // Another session holds the table: the insert waits, and so does the answer.
+      const waiting = newId('eml');
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      let locked!: () => void;
+      const isLocked = new Promise<void>((resolve) => (locked = resolve));
+      const holder = inTransaction(ctx.services.orm.em, async (tx) => {
+        await tx.query('lock table inbound_reports in exclusive mode');
+        locked();
+        await held;
+      });
+      await isLocked;
+      const answer = transaction(ctx.services.returnPaths.address(waiting, 'bounces.acme.test'));
+      expect(await Promise.race([answer, new Promise((r) => setTimeout(() => r('no answer yet'), 500))])).toBe('no answer yet');
+      release();
+      await holder;
+      expect(await answer).toMatch(/^250 /);
+      expect(await stored(waiting)).toBe(1);
+
+      // PostgreSQL refuses the row (a constraint on this host only): 451, nothing stored.
+      const refusedOnce = newId('eml');
+      await sql(`alter table inbound_reports add constraint refuse_probe check (rcpt_to not like '%@refuse.example') not valid`);
+      try {
+        expect(await transaction(ctx.services.returnPaths.address(refusedOnce, 'refuse.example'))).toMatch(/^451 4\.3\.0 /);
+        expect(await stored(refusedOnce)).toBe(0);
+      } finally {
+        await sql('alter table inbound_reports drop constraint refuse_probe');
+      }
+      expect(await transaction(ctx.services.returnPaths.address(refusedOnce, 'refuse.example'))).toMatch(/^250 /);
+      expect(await stored(refusedOnce)).toBe(1);
+    } finally {
+      dialog.close();
     }
   });
 
