@@ -184,14 +184,20 @@ export async function startSinkProcess(): Promise<HelperProcess & { count(): Pro
   return { ...sink, count: () => sink.ask<number>('count', 'count') };
 }
 
+/** The fields of /proc/PID/stat after the command (which may hold spaces), and the command. */
+function statOf(text: string): { command: string; fields: string[] } {
+  const close = text.lastIndexOf(') ');
+  return { command: text.slice(text.indexOf(' (') + 2, close), fields: text.slice(close + 2).split(' ') };
+}
+
 /**
  * CPU time (user + system, ms) a process has used: fields 14 and 15 of /proc/PID/stat, in
  * clock ticks of 10 ms; 0 once it has exited.
  */
 export async function cpuMsOf(pid: number): Promise<number> {
   try {
-    const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-    return (Number(stat[11]) + Number(stat[12])) * 10;
+    const { fields } = statOf(await readFile(`/proc/${pid}/stat`, 'utf8'));
+    return (Number(fields[11]) + Number(fields[12])) * 10;
   } catch {
     return 0;
   }
@@ -206,12 +212,11 @@ export async function cpuMsOfCommand(command: string): Promise<number> {
   let ms = 0;
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
-    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
-    const open = stat.indexOf(' (');
-    const close = stat.lastIndexOf(') ');
-    if (open < 0 || stat.slice(open + 2, close) !== command) continue;
-    const fields = stat.slice(close + 2).split(' ');
-    ms += (Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14])) * 10;
+    const text = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
+    if (!text) continue;
+    const stat = statOf(text);
+    if (stat.command !== command) continue;
+    ms += (Number(stat.fields[11]) + Number(stat.fields[12]) + Number(stat.fields[13]) + Number(stat.fields[14])) * 10;
   }
   return ms;
 }
