@@ -3,13 +3,13 @@ import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, type InboundServer, type InboundServerOptions } from '../src/inbound/server.js';
 import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
-import { inTransaction } from '../src/shared/db/sql.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { inboundProcessor } from '../src/workers/inbound.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { holdLock } from './helpers/database.js';
 import { openDialog } from './helpers/smtp-dialog.js';
 import { selfSignedCertificate } from './helpers/tls.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
@@ -385,20 +385,13 @@ describe('bad input is refused or ignored without effect, and the listener keeps
       expect(await dialog.send('EHLO mta.example.net')).toMatch(/^250/);
       // Another session holds the table: the insert waits, and so does the answer.
       const waiting = newId('eml');
-      let release!: () => void;
-      const held = new Promise<void>((resolve) => (release = resolve));
-      let locked!: () => void;
-      const isLocked = new Promise<void>((resolve) => (locked = resolve));
-      const holder = inTransaction(ctx.services.orm.em, async (tx) => {
-        await tx.query('lock table inbound_reports in exclusive mode');
-        locked();
-        await held;
-      });
-      await isLocked;
+      const lock = await holdLock(ctx.services.orm.em, 'lock table inbound_reports in exclusive mode');
       const answer = transaction(ctx.services.returnPaths.address(waiting, 'bounces.acme.test'));
-      expect(await Promise.race([answer, new Promise((r) => setTimeout(() => r('no answer yet'), 500))])).toBe('no answer yet');
-      release();
-      await holder;
+      try {
+        expect(await Promise.race([answer, new Promise((r) => setTimeout(() => r('no answer yet'), 500))])).toBe('no answer yet');
+      } finally {
+        await lock.release();
+      }
       expect(await answer).toMatch(/^250 /);
       expect(await stored(waiting)).toBe(1);
 

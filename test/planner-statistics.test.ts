@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { inTransaction, withConnection } from '../src/shared/db/sql.js';
+import { withConnection } from '../src/shared/db/sql.js';
+import { holdLock } from './helpers/database.js';
 import { initOrm, type Orm } from '../src/shared/db/orm.js';
 import { keepPlannerStatistics, refreshPlannerStatistics } from '../src/shared/db/planner-statistics.js';
 import { until } from './helpers/until.js';
@@ -101,22 +102,12 @@ describe('planner statistics pass: failures, and the timer of a worker process',
 
   it('logs a lock not granted at debug level, any other failure of the ANALYZE as a warning', async () => {
     // Another session holds the table (as autovacuum would): the ANALYZE gives up after 1 s.
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    let locked!: () => void;
-    const isLocked = new Promise<void>((resolve) => (locked = resolve));
-    const holder = inTransaction(ctx.services.orm.em, async (tx) => {
-      await tx.query('lock table grown_probe in share update exclusive mode');
-      locked();
-      await held;
-    });
-    await isLocked;
+    const lock = await holdLock(ctx.services.orm.em, 'lock table grown_probe in share update exclusive mode');
     const waiting = spyLogger();
     try {
       expect((await refreshPlannerStatistics(ctx.services.orm, waiting.logger)).map((a) => a.table)).not.toContain('grown_probe');
     } finally {
-      release();
-      await holder;
+      await lock.release();
     }
     expect(waiting.calls.filter((c) => c.table === 'grown_probe').map((c) => c.level)).toEqual(['debug']);
 

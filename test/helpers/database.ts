@@ -1,4 +1,6 @@
+import type { EntityManager } from '@mikro-orm/postgresql';
 import pg from 'pg';
+import { inTransaction } from '../../src/shared/db/sql.js';
 
 /** The server of DATABASE_URL (or the default), with another database name. */
 export function databaseUrl(name: string): string {
@@ -26,4 +28,27 @@ export function templateName(): string {
   const name = process.env.MAILROOM_TEST_TEMPLATE;
   if (!name) throw new Error('MAILROOM_TEST_TEMPLATE is not set: run the tests through vitest (global setup)');
   return name;
+}
+
+/**
+ * Runs `lock` (a `lock table …` statement) in a transaction of its own on one of `em`'s
+ * connections and holds it until `release` is called (another session busy with a table).
+ */
+export async function holdLock(em: EntityManager, lock: string): Promise<{ release(): Promise<void> }> {
+  let done!: () => void;
+  const held = new Promise<void>((resolve) => (done = resolve));
+  let locked!: () => void;
+  const isLocked = new Promise<void>((resolve) => (locked = resolve));
+  const holder = inTransaction(em, async (tx) => {
+    await tx.query(lock);
+    locked();
+    await held;
+  });
+  await Promise.race([isLocked, holder]);
+  return {
+    release: async () => {
+      done();
+      await holder;
+    },
+  };
 }
