@@ -3,7 +3,7 @@ import { createRedis } from '../src/shared/redis.js';
 import { startWorkers } from '../src/workers/runner.js';
 import { buildConfirmationEmail, confirmationToken } from '../src/shared/subscribers/confirmation.js';
 import { bearer, type TestContext } from './helpers/context.js';
-import { doubleOptInContext, finishedJob as finishedJobOf } from './helpers/double-opt-in.js';
+import { doubleOptInContext, finishedConfirmation, finishedJob as finishedJobOf } from './helpers/double-opt-in.js';
 import { until } from './helpers/until.js';
 
 let ctx: TestContext;
@@ -45,7 +45,7 @@ describe('double opt-in confirmation (docs/audience.md "Double opt-in")', () => 
   it('the send-confirmation job builds the message with a signed link that confirms with evidence', async () => {
     const s = (await api('POST', '/subscribers', { email: 'confirm-me@example.com', name: 'Cora' })).json();
     expect(s.status).toBe('PENDING_CONFIRMATION');
-    const job = await finishedJob(`confirm-${s.id}`);
+    const job = await finishedConfirmation(ctx, s.id);
     expect(job?.failedReason).toBeUndefined();
     const { message } = job!.returnvalue as { message: { to: string; subject: string; markdown: string } };
     expect(message.to).toBe('confirm-me@example.com');
@@ -142,7 +142,7 @@ describe('double opt-in end to end through the file transport (issue 3 "done whe
     try {
       const created = (await api('POST', '/subscribers', { email: 'eml-confirm@example.com', name: 'Eve' })).json();
       expect(created.status).toBe('PENDING_CONFIRMATION');
-      const job = await finishedJob(`confirm-${created.id}`);
+      const job = await finishedConfirmation(ctx, created.id);
       const { emailId } = job!.returnvalue as { emailId: string };
       expect(emailId).toMatch(/^eml_/);
 

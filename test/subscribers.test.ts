@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitForRedis } from '../src/shared/redis.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { confirmationJobsOf } from './helpers/double-opt-in.js';
 
 let ctx: TestContext;
 let token: string;
@@ -157,15 +158,17 @@ describe('double opt-in (docs/audience.md "Double opt-in")', () => {
   it('creates PENDING_CONFIRMATION and enqueues the confirmation job', async () => {
     const s = await create({ email: 'pending@example.com' }, doi.token);
     expect(s.status).toBe('PENDING_CONFIRMATION');
-    const job = await ctx.services.producer.queue('subscribers').getJob(`confirm-${s.id}`);
-    expect(job?.name).toBe('send-confirmation');
-    expect(job?.data).toEqual({ subscriberId: s.id });
+    const [job, ...more] = await confirmationJobsOf(ctx, s.id);
+    expect(more).toHaveLength(0);
+    // Named by the confirmation record: the subscriber and the time it became pending.
+    expect(job?.data).toEqual({ subscriberId: s.id, owedSince: expect.any(Number) });
+    expect(job?.id).toBe(`confirm-${s.id}-${job?.data.owedSince}`);
   });
 
   it('skipDoubleOptIn creates SUBSCRIBED with no confirmation evidence and no job', async () => {
     const s = await create({ email: 'skip@example.com', skipDoubleOptIn: true }, doi.token);
     expect(s.status).toBe('SUBSCRIBED');
-    expect(await ctx.services.producer.queue('subscribers').getJob(`confirm-${s.id}`)).toBeUndefined();
+    expect(await confirmationJobsOf(ctx, s.id)).toHaveLength(0);
     const rows = (await ctx.services.orm.em.fork().execute('select confirmed_at, confirm_ip from subscribers where id = ?', [s.id])) as Array<Record<string, unknown>>;
     expect(rows[0]).toEqual({ confirmed_at: null, confirm_ip: null });
   });

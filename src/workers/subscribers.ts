@@ -36,12 +36,13 @@ async function confirmationFrom(ctx: JobContext, organizationId: string, organiz
 
 /**
  * The one place where the confirmation email leaves the audience module: it goes through
- * the transactional pipeline like any other email. The idempotency key is the subscriber,
- * so a retried job answers the email already created instead of sending a second one.
+ * the transactional pipeline like any other email. The idempotency key is the confirmation
+ * record (its job id), so a retried job answers the email already created instead of sending
+ * a second one, and a subscriber pending again gets a new email.
  */
 export async function handOffConfirmationEmail(
   ctx: JobContext,
-  message: ConfirmationMessage & { from: string },
+  message: ConfirmationMessage & { from: string; key: string },
 ): Promise<{ handedOff: boolean; emailId: string }> {
   const input = {
     organizationId: message.organizationId,
@@ -54,9 +55,8 @@ export async function handOffConfirmationEmail(
     content: message.markdown,
     tags: [{ name: 'category', value: 'double_opt_in' }],
   };
-  const key = `confirm-${message.subscriberId}`;
   const created = await createEmails(ctx.em, { producer: ctx.services.producer, logger: ctx.log }, [input], {
-    idempotency: { key, requestHash: requestHash('subscribers/confirmation', input) },
+    idempotency: { key: message.key, requestHash: requestHash('subscribers/confirmation', input) },
   });
   return { handedOff: true, emailId: created.ids[0]! };
 }
@@ -76,34 +76,32 @@ async function reconcileConfirmations(ctx: JobContext): Promise<number> {
   const queue = ctx.services.producer.queue('subscribers');
   const before = new Date(ctx.services.clock().getTime() - RECONCILE_GRACE_MS);
   const owed = await selectOverdueConfirmations(ctx.em, before, RECONCILE_PAGE);
-  const missing: string[] = [];
+  const missing: Array<{ subscriberId: string; owedSince: Date }> = [];
   // The jobs and their states read together (the commands overlap on the connection), not a
   // round trip after another for each of up to a page of confirmations.
-  const jobs = await Promise.all(owed.map(({ subscriberId }) => queue.getJob(confirmationJobId(subscriberId))));
+  const jobs = await Promise.all(owed.map(({ subscriberId, owedSince }) => queue.getJob(confirmationJobId(subscriberId, owedSince.getTime()))));
   const states = await Promise.all(jobs.map((job) => job?.getState()));
-  for (const [i, { subscriberId, owedSince }] of owed.entries()) {
+  for (const [i, record] of owed.entries()) {
     const job = jobs[i];
     if (job) {
       const state = states[i];
-      // A failed job that ended before this confirmation was owed belongs to an earlier one
-      // (the subscriber became pending again; the new job's add was a no-op on its id): it is
-      // replaced like a completed one.
-      const earlier = job.finishedOn !== undefined && job.finishedOn < owedSince.getTime();
-      if (state === 'failed' && !earlier) {
+      if (state === 'failed') {
         // Its attempts spent on an error that is not an outage: the failed job is the
         // operator's record, and it is not retried every minute. The confirmation is no
         // longer owed: left in place, such records would fill the reconciler's page (the
         // oldest first) and hide newer confirmations whose job Redis lost.
-        await deleteConfirmationDue(ctx.em, subscriberId, before);
+        await deleteConfirmationDue(ctx.em, record.subscriberId, record.owedSince);
         continue;
       }
       // Waiting, delayed or running: it will clear the record.
-      if (state !== 'completed' && state !== 'failed') continue;
+      if (state !== 'completed') continue;
       await job.remove();
     }
-    missing.push(subscriberId);
+    missing.push(record);
   }
-  if (missing.length > 0) await ctx.services.producer.addBulk('subscribers', missing.map(confirmationJob));
+  if (missing.length > 0) {
+    await ctx.services.producer.addBulk('subscribers', missing.map((r) => confirmationJob(r.subscriberId, r.owedSince)));
+  }
   return missing.length;
 }
 
@@ -112,7 +110,7 @@ export const subscribersProcessor = defineProcessor({
   handlers: {
     // Idempotent: a subscriber no longer pending (confirmed, unsubscribed, gone) gets nothing.
     // Either way the confirmation is no longer owed once this returns.
-    'send-confirmation': async ({ subscriberId }, ctx) => {
+    'send-confirmation': async ({ subscriberId, owedSince }, ctx) => {
       const started = ctx.services.clock();
       const subscriber = await selectSubscriberWithOrganization(ctx.em, subscriberId);
       if (!subscriber || subscriber.status !== 'PENDING_CONFIRMATION') {
@@ -132,7 +130,7 @@ export const subscribersProcessor = defineProcessor({
         ...email,
       };
       const from = await confirmationFrom(ctx, subscriber.organization_id, subscriber.organization_name);
-      const { handedOff, emailId } = await handOffConfirmationEmail(ctx, { ...message, from });
+      const { handedOff, emailId } = await handOffConfirmationEmail(ctx, { ...message, from, key: confirmationJobId(subscriberId, owedSince) });
       // The email row is committed: from here the emails reconciler protects it.
       await deleteConfirmationDue(ctx.em, subscriberId, started);
       return { skipped: false, handedOff, emailId, message };

@@ -33,3 +33,21 @@ export async function finishedJob(ctx: TestContext, id: string, timeoutMs = 10_0
   // One read of the job: its finish time and return value come together.
   return until(() => queue.getJob(id), (job) => Boolean(job?.finishedOn), timeoutMs);
 }
+
+/** The `send-confirmation` jobs of a subscriber in any state, the oldest confirmation first. */
+export async function confirmationJobsOf(ctx: TestContext, subscriberId: string) {
+  const jobs = await ctx.services.producer.queue('subscribers').getJobs();
+  return jobs
+    .filter((job) => job.name === 'send-confirmation' && job.data.subscriberId === subscriberId)
+    .sort((a, b) => (a.data.owedSince ?? 0) - (b.data.owedSince ?? 0));
+}
+
+/** The subscriber's `count`-th confirmation job (1 = its first) once it has finished. */
+export async function finishedConfirmation(ctx: TestContext, subscriberId: string, count = 1, timeoutMs = 10_000) {
+  const jobs = await until(
+    () => confirmationJobsOf(ctx, subscriberId),
+    (found) => found.length >= count && Boolean(found[count - 1]!.finishedOn),
+    timeoutMs,
+  );
+  return jobs[count - 1]!;
+}

@@ -19,7 +19,8 @@ export const queueRegistry = {
   },
   subscribers: {
     // Double opt-in: build the confirmation email of a PENDING_CONFIRMATION subscriber.
-    'send-confirmation': z.object({ subscriberId: z.string() }),
+    // owedSince: the confirmation record's time (ms); absent in jobs queued before it was part of the id.
+    'send-confirmation': z.object({ subscriberId: z.string(), owedSince: z.number().int().optional() }),
     // Scheduled: re-enqueue the confirmations still owed whose job Redis lost.
     reconcile: z.object({}),
   },

@@ -17,15 +17,23 @@ export function confirmationToken(signer: LinkSigner, subscriber: { id: string; 
 }
 
 /**
- * The queue job that sends a subscriber's confirmation email: one job id per subscriber, so
- * the write that made it pending and the reconciler (workers/subscribers.ts) never queue two.
+ * The queue job that sends a subscriber's confirmation email, named by the confirmation record
+ * (the subscriber and the time it became pending): the write that made it pending and the
+ * reconciler (workers/subscribers.ts) never queue two for one record, and a subscriber pending
+ * again gets a job (and an email) of its own even while the earlier job is still kept.
  */
-export function confirmationJob(subscriberId: string) {
-  return { name: 'send-confirmation' as const, data: { subscriberId }, jobId: confirmationJobId(subscriberId) };
+export function confirmationJob(subscriberId: string, owedSince: Date) {
+  return {
+    name: 'send-confirmation' as const,
+    data: { subscriberId, owedSince: owedSince.getTime() },
+    jobId: confirmationJobId(subscriberId, owedSince.getTime()),
+  };
 }
 
-export function confirmationJobId(subscriberId: string): string {
-  return `confirm-${subscriberId}`;
+/** The job id of a confirmation record, and the idempotency key of its email. */
+export function confirmationJobId(subscriberId: string, owedSince: number | undefined): string {
+  // Jobs queued before the record's time was part of the id carry none.
+  return owedSince === undefined ? `confirm-${subscriberId}` : `confirm-${subscriberId}-${owedSince}`;
 }
 
 export function confirmationUrl(publicUrl: string, token: string): string {

@@ -148,7 +148,7 @@ interface Outcome {
   row: SubscriberRow;
   tags: TagRef[];
   events: WorkflowEvent[];
-  becamePending: boolean;
+  owesConfirmation: boolean;
 }
 
 /**
@@ -192,7 +192,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
         }
       }
 
-      let becamePending = row?.status === 'PENDING_CONFIRMATION';
+      let owesConfirmation = row?.status === 'PENDING_CONFIRMATION';
       if (!row) {
         const existing = await q.lockSubscriberForWrite(
           tx,
@@ -206,7 +206,7 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
         }
         const updated = await updateExisting(tx, existing, request, fieldInput, newEmail, existing.double_opt_in, now, events);
         row = updated.row;
-        becamePending = updated.becamePending;
+        owesConfirmation = updated.owesConfirmation;
       }
 
       // Tags after the status: a promotion (skipDoubleOptIn) is in place before tag events.
@@ -237,8 +237,8 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
         ...fieldEvents.sort((a, b) => String(a.data.field).localeCompare(String(b.data.field))),
       ];
       // The confirmation email is owed from this commit on, whatever happens to its job.
-      if (becamePending) await q.insertConfirmationDue(tx, row.id, now);
-      return { row, tags, events: ordered, becamePending };
+      if (owesConfirmation) await q.insertConfirmationDue(tx, row.id, now);
+      return { row, tags, events: ordered, owesConfirmation };
     }, { asyncCommit: ASYNC_COMMIT });
   } catch (error) {
     if (isUniqueViolation(error) && newEmail !== undefined && operation === 'patch') {
@@ -260,7 +260,7 @@ async function updateExisting(
   doubleOptIn: boolean,
   now: Date,
   events: WorkflowEvent[],
-): Promise<{ row: SubscriberRow; becamePending: boolean }> {
+): Promise<{ row: SubscriberRow; owesConfirmation: boolean }> {
   const { input, operation } = request;
   const sets: Array<{ column: q.SubscriberColumn; value: unknown; cast?: '::jsonb' }> = [];
   const set = (column: q.SubscriberColumn, value: unknown, cast?: '::jsonb') => {
@@ -323,10 +323,13 @@ async function updateExisting(
   }
   if (fieldsChanged) set('fields', JSON.stringify(fields), '::jsonb');
 
-  if (sets.length === 0) return { row: existing, becamePending: false };
+  if (sets.length === 0) return { row: existing, owesConfirmation: false };
   set('updated_at', now);
   const updated = await q.updateSubscriber(tx, existing.id, sets);
-  return { row: updated, becamePending: status === 'PENDING_CONFIRMATION' && existing.status !== 'PENDING_CONFIRMATION' };
+  // A new confirmation is owed when the subscriber becomes pending, and when a pending one's
+  // address changes: the link sent before signs the old address and confirms nothing now.
+  const owesConfirmation = status === 'PENDING_CONFIRMATION' && (existing.status !== 'PENDING_CONFIRMATION' || changed.includes('email'));
+  return { row: updated, owesConfirmation };
 }
 
 /**
@@ -336,8 +339,8 @@ async function updateExisting(
  * transaction.
  */
 async function afterCommit(deps: AudienceDeps, organizationId: string, outcome: Outcome, triggerWorkflows: boolean, now: Date): Promise<void> {
-  if (outcome.becamePending) {
-    await deps.producer.add('subscribers', confirmationJob(outcome.row.id));
+  if (outcome.owesConfirmation) {
+    await deps.producer.add('subscribers', confirmationJob(outcome.row.id, now));
   }
   if (triggerWorkflows && outcome.events.length > 0) {
     await deps.producer.addBulk(
