@@ -267,6 +267,30 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     expect(again.json().details[0].path).toBe('status');
   });
 
+  it('sends now with no body at all, and takes null as absent (spec 4.11: both fields optional)', async () => {
+    // Sent to nobody (a tag no subscriber has): the sink of the tests below counts its messages.
+    const nobody = [{ type: 'tag', op: 'has', value: 'nobody-has-this-tag' }];
+    const bare = await createCampaign({ content: `Hi${UNSUB_MD}`, recipientFilters: nobody });
+    const before = Date.now();
+    const res = await api('POST', `/campaigns/${bare.id}/send`);
+    expect(res.statusCode, res.body).toBe(200);
+    expect(res.json()).toMatchObject({ status: 'SCHEDULED' });
+    expect(res.json().timezone).toBeUndefined();
+    expect(Date.parse(res.json().scheduledAt)).toBeGreaterThanOrEqual(before - 1000);
+    const nulls = await createCampaign({ content: `Hi${UNSUB_MD}`, recipientFilters: nobody });
+    const r2 = await api('POST', `/campaigns/${nulls.id}/send`, { scheduledAt: null, timezone: null });
+    expect(r2.statusCode, r2.body).toBe(200);
+    expect(r2.json().timezone).toBeUndefined();
+  });
+
+  it('moves a wall-clock time skipped by a daylight-saving change forward by the gap', async () => {
+    const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    // 2030-03-31 02:30 does not exist in Paris (02:00 -> 03:00): it is 03:30 CEST, 01:30 UTC.
+    const res = await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2030-03-31T02:30', timezone: 'Europe/Paris' });
+    expect(res.statusCode, res.body).toBe(200);
+    expect(res.json().scheduledAt).toBe('2030-03-31T01:30:00.000Z');
+  });
+
   it('deletes a scheduled campaign and cancels its job', async () => {
     const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
     await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2031-01-01T00:00:00Z' });

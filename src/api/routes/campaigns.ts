@@ -94,8 +94,8 @@ const Params = z.object({ campaignId: z.string().max(100) });
 
 /** docs/campaigns.md "API decisions"; also the `schedule_campaign` tool's arguments (src/api/tools/catalog.ts). */
 export const SendBody = z.strictObject({
-  scheduledAt: z.string().max(100).optional().describe('ISO 8601; without an offset, a wall-clock time in timezone'),
-  timezone: z.string().max(100).optional().describe('IANA time zone, default Europe/Paris'),
+  scheduledAt: z.string().max(100).nullish().describe('ISO 8601; without an offset, a wall-clock time in timezone; absent or null: now'),
+  timezone: z.string().max(100).nullish().describe('IANA time zone, default Europe/Paris'),
 });
 const tags = ['campaigns'];
 
@@ -203,7 +203,8 @@ export async function campaignsRoutes(app: App): Promise<void> {
         tags,
         summary: 'Send or schedule a campaign',
         params: Params,
-        body: SendBody.optional(),
+        // No body at all is "send now" (spec 4.11: both fields optional).
+        body: SendBody.nullish(),
         response: {
           200: z.object({
             id: z.string(),

@@ -207,9 +207,10 @@ export function parseScheduledAt(value: string, timezone: string): Date {
   return parsed.toJSDate();
 }
 
+/** `null` is the same as absent (now; Europe/Paris). */
 export interface ScheduleInput {
-  scheduledAt?: string;
-  timezone?: string;
+  scheduledAt?: string | null | undefined;
+  timezone?: string | null | undefined;
 }
 
 export interface Scheduled {
@@ -231,7 +232,7 @@ export async function scheduleCampaign(
   if (campaign.status !== 'DRAFT') throw v400('status', `the campaign is ${campaign.status}; only a DRAFT can be sent`);
   const timezone = input.timezone ?? DEFAULT_TIMEZONE;
   if (!IANAZone.isValidZone(timezone)) throw v400('timezone', `"${timezone}" is not an IANA time zone (e.g. Europe/Paris)`);
-  const scheduledAt = input.scheduledAt === undefined ? now : parseScheduledAt(input.scheduledAt, timezone);
+  const scheduledAt = input.scheduledAt == null ? now : parseScheduledAt(input.scheduledAt, timezone);
   if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
   await checkSender(em, organizationId, campaign.senderId, 400);
@@ -248,7 +249,7 @@ export async function scheduleCampaign(
     Object.assign(campaign, { status: 'SCHEDULED', scheduledAt, timezone, recipientCount: count });
   });
   await enqueueFanOut(deps, campaign.id, scheduledAt, now);
-  return { campaign, timezoneGiven: input.timezone !== undefined };
+  return { campaign, timezoneGiven: input.timezone != null };
 }
 
 /** The delayed fan-out job (jobId = campaign id). Never throws: the reconciler re-adds a lost job. */

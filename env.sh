@@ -1,0 +1,1 @@
+export EID1=eml_01m89x4z5hjjcqy2hcmkscjfpj
