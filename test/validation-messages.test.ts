@@ -30,6 +30,10 @@ describe('validation messages a person understands', () => {
     const union = await post('/emails', { from: 'a@acme.test', to: 42, subject: 'Hi', html: '<p>x</p>' });
     expect(union.statusCode).toBe(422);
     expect(union.json().message).toMatch(/^to: must be a string or a list, got a whole number/);
+    // A query parameter is text: one that is not a number is not called "a number".
+    const limit = await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?limit=abc', headers: bearer(token) });
+    expect(limit.statusCode).toBe(422);
+    expect(limit.json().message).toBe('limit: must be a number, got text that is not a number');
   });
 });
 

@@ -24,7 +24,8 @@ function kind(value: unknown): string {
   if (Array.isArray(value)) return `a list of ${value.length}`;
   if (typeof value === 'object') return 'an object';
   if (typeof value === 'string') return 'a string';
-  if (typeof value === 'number') return Number.isInteger(value) ? 'a whole number' : 'a number';
+  // NaN: a query parameter coerced from text that is not a number (`limit=abc`).
+  if (typeof value === 'number') return Number.isNaN(value) ? 'text that is not a number' : Number.isInteger(value) ? 'a whole number' : 'a number';
   if (typeof value === 'boolean') return value ? 'true' : 'false';
   return typeof value;
 }
