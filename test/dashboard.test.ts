@@ -130,6 +130,30 @@ describe('dashboard in Chromium', () => {
     for (let i = 0; i < 7; i++) expect((await attempt('regular@acme.test', PASSWORD)).status).toBe(303);
   });
 
+  it('keeps a busy session: every page renews the cookie, sign-out clears it', async () => {
+    const login = await fetch(`${base}/app/login`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', origin: base },
+      body: new URLSearchParams({ email: 'jane@acme.test', password: PASSWORD }),
+      redirect: 'manual',
+    });
+    expect(login.status).toBe(303);
+    const id = /mailroom_session=([^;]+)/.exec(login.headers.get('set-cookie') ?? '')![1]!;
+    const cookie = `mailroom_session=${id}`;
+    const shown = await fetch(`${base}/app/emails`, { headers: { cookie }, redirect: 'manual' });
+    expect(shown.status).toBe(200);
+    expect(shown.headers.getSetCookie()).toEqual([expect.stringMatching(new RegExp(`^mailroom_session=${id}; Path=/app; HttpOnly; SameSite=Lax; Max-Age=43200`))]);
+    const csrf = /name="_csrf" value="([^"]+)"/.exec(await shown.text())![1]!;
+    const out = await fetch(`${base}/app/logout`, {
+      method: 'POST',
+      headers: { cookie, 'content-type': 'application/x-www-form-urlencoded', origin: base },
+      body: new URLSearchParams({ _csrf: csrf }),
+      redirect: 'manual',
+    });
+    expect(out.status).toBe(303);
+    expect(out.headers.getSetCookie()).toEqual([expect.stringMatching(/^mailroom_session=; .*Max-Age=0/)]);
+  });
+
   it('signs in and shows this organization emails and not another one', async () => {
     await signIn(page, 'jane@acme.test', PASSWORD);
     expect(new URL(page.url()).pathname).toBe('/app/emails');

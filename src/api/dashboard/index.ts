@@ -125,6 +125,11 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
       // A cookie without a live session: it expired (12 hours idle) or was signed out.
       return reply.redirect(id ? '/app/login?notice=expired' : '/app/login', 303);
     }
+    // The session lasts 12 hours without a request (its Redis key is renewed by the read
+    // above): the cookie's own lifetime is renewed with it on every page a person loads, or
+    // the browser would drop it 12 hours after sign-in however busy they were. (Not on a
+    // POST: sign-out clears the cookie there.)
+    if (request.method === 'GET') void reply.header('set-cookie', sessionCookie(services, id, SESSION_IDLE_SECONDS));
     request.dashboard = {
       sessionId: id,
       session,
