@@ -17,6 +17,7 @@ import { selfSignedCertificate } from './helpers/tls.js';
 import { type TestDnsServer } from './helpers/dns-server.js';
 import { dkimResult, startMailRelay } from './helpers/mail-relay.js';
 import { runService } from './helpers/process.js';
+import { sample } from './helpers/ops-metrics.js';
 import { openDialog } from './helpers/smtp-dialog.js';
 import { type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
@@ -76,6 +77,7 @@ function client(pass = token) {
 
 describe('SMTP submission (docs/smtp.md)', () => {
   it('nodemailer submits a message with an attachment: stored, delivered intact, signed, tracked, listed', async () => {
+    const acceptedBefore = sample(await ctx.services.metrics.registry.metrics(), 'mailroom_emails_accepted_total', { source: 'smtp' }) ?? 0;
     const pdf = randomBytes(40_000);
     const logo = randomBytes(3_000);
     const transport = client();
@@ -97,6 +99,7 @@ describe('SMTP submission (docs/smtp.md)', () => {
     transport.close();
     const id = /^250 2\.0\.0 OK (eml_[0-9a-z]{26})$/.exec(info.response)?.[1];
     expect(id, info.response).toBeDefined();
+    expect(sample(await ctx.services.metrics.registry.metrics(), 'mailroom_emails_accepted_total', { source: 'smtp' })).toBe(acceptedBefore + 1);
 
     const email = await until(() => api('GET', `/emails/${id}`).then((r) => r.json()), (e) => e.last_event === 'sent');
     expect(email).toMatchObject({

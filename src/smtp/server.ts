@@ -170,7 +170,10 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           return storeSubmission(em, deps, caller.organizationId, message);
         })
         .then(
-          (id) => callback(null, `2.0.0 OK ${id}`),
+          (id) => {
+            services.metrics.emailsAccepted.inc({ source: 'smtp' });
+            callback(null, `2.0.0 OK ${id}`);
+          },
           (error: unknown) => callback(asReply(error, services, 'storing a message')),
         );
     },
