@@ -50,6 +50,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
     const config = loadConfig({
       NODE_ENV: 'production',
       DATABASE_URL: 'postgresql://u:p@db:5433/mail',
+      DATABASE_PREPARED_STATEMENTS: 'false',
       REDIS_URL: 'rediss://:pw@cache:6380/2',
       REDIS_PREFIX: 'mr-prod_1',
       HOST: '0.0.0.0',
@@ -102,6 +103,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
     expect(config).toEqual({
       nodeEnv: 'production',
       databaseUrl: 'postgresql://u:p@db:5433/mail',
+      databasePreparedStatements: false,
       redisUrl: 'rediss://:pw@cache:6380/2',
       redisPrefix: 'mr-prod_1',
       host: '0.0.0.0',

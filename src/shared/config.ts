@@ -22,6 +22,11 @@ const envSchema = z
       .string()
       .regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL')
       .default('postgres://postgres@127.0.0.1:5432/mailroom'),
+    // Named (server-side) prepared statements on the hot paths. A connection pooler in
+    // transaction mode that does not track them (PgBouncer before 1.21, or without
+    // max_prepared_statements) hands a statement to a server connection that never prepared it:
+    // set false there.
+    DATABASE_PREPARED_STATEMENTS: booleanish.default(true),
     REDIS_URL: z
       .string()
       .regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL')
@@ -180,6 +185,8 @@ export type Env = z.input<typeof envSchema>;
 export interface Config {
   nodeEnv: 'development' | 'production' | 'test';
   databaseUrl: string;
+  /** DATABASE_PREPARED_STATEMENTS. */
+  databasePreparedStatements: boolean;
   redisUrl: string;
   redisPrefix: string;
   host: string;
@@ -276,6 +283,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
   return {
     nodeEnv: e.NODE_ENV,
     databaseUrl: e.DATABASE_URL,
+    databasePreparedStatements: e.DATABASE_PREPARED_STATEMENTS,
     redisUrl: e.REDIS_URL,
     redisPrefix: e.REDIS_PREFIX,
     host: e.HOST,

@@ -4,6 +4,7 @@ import { ReturnPaths, returnPathHost } from './bounces/return-path.js';
 import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
+import { useNamedStatements } from './db/sql.js';
 import { createDns, type DnsService } from './dns/resolver.js';
 import { DkimKeyCache, dkimOptionsFor } from './domains/dkim.js';
 import { DeliveryStore } from './emails/deliver.js';
@@ -98,6 +99,7 @@ export interface VerificationState {
 const SEND_BATCH_EXPANSIONS = 4;
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
+  useNamedStatements(config.databasePreparedStatements);
   const orm = await initOrm({ databaseUrl: config.databaseUrl, logger });
   const redis = createRedis(config.redisUrl, 'producer');
   redis.on('error', (error) => logger.debug({ err: error }, 'redis connection error'));

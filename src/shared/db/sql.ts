@@ -22,8 +22,19 @@ interface PgConnection {
   query(text: string | { name: string; text: string; values: unknown[] }, values?: readonly unknown[]): Promise<{ rows: unknown[] }>;
 }
 
+let namedStatements = true;
+
+/**
+ * Whether a statement given a name is prepared on its connection (DATABASE_PREPARED_STATEMENTS,
+ * set by `createServices`): off, every statement is sent unnamed (parsed and planned each time),
+ * as a transaction-mode pooler that does not track prepared statements needs.
+ */
+export function useNamedStatements(enabled: boolean): void {
+  namedStatements = enabled;
+}
+
 function run(connection: PgConnection, text: string, values: readonly unknown[], name: string | undefined) {
-  return name ? connection.query({ name, text: toPg(text), values: values as unknown[] }) : connection.query(toPg(text), values as unknown[]);
+  return name && namedStatements ? connection.query({ name, text: toPg(text), values: values as unknown[] }) : connection.query(toPg(text), values as unknown[]);
 }
 
 const numbered = new Map<string, string>();
