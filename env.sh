@@ -1,1 +1,0 @@
-export EID1=eml_01m89x4z5hjjcqy2hcmkscjfpj
