@@ -2,7 +2,8 @@ import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
-import { useNamedStatements, withConnection } from '../src/shared/db/sql.js';
+import { initOrm } from '../src/shared/db/orm.js';
+import { withConnection } from '../src/shared/db/sql.js';
 import { createLogger } from '../src/shared/logger.js';
 import { createRedis, waitForRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
@@ -75,8 +76,8 @@ describe('PostgreSQL through PgBouncer in transaction mode (DATABASE_PREPARED_ST
   });
 
   it('names no statement on the connection when turned off', async () => {
-    const prepared = () =>
-      withConnection(services.orm.em, async (sql) => {
+    const prepared = (em: typeof services.orm.em) =>
+      withConnection(em, async (sql) => {
         // One transaction: PgBouncer keeps it on one server connection.
         await sql.query('begin');
         await sql.query('select 1 as one', [], 'mailroom_test_probe');
@@ -84,13 +85,13 @@ describe('PostgreSQL through PgBouncer in transaction mode (DATABASE_PREPARED_ST
         await sql.query('commit');
         return names.map((r) => r.name);
       });
-    expect(await prepared()).not.toContain('mailroom_test_probe');
-    // The same probe with named statements on: the view does show it (the check can fail).
-    useNamedStatements(true);
+    expect(await prepared(services.orm.em)).not.toContain('mailroom_test_probe');
+    // The same probe with the default (named statements on): the view does show it.
+    const orm = await initOrm({ databaseUrl: env.config.databaseUrl });
     try {
-      expect(await prepared()).toContain('mailroom_test_probe');
+      expect(await prepared(orm.em)).toContain('mailroom_test_probe');
     } finally {
-      useNamedStatements(false);
+      await orm.close();
     }
   });
 });

@@ -4,7 +4,6 @@ import { ReturnPaths, returnPathHost } from './bounces/return-path.js';
 import type { Config } from './config.js';
 import { LinkSigner, SecretBox } from './crypto.js';
 import { initOrm, type Orm } from './db/orm.js';
-import { useNamedStatements } from './db/sql.js';
 import { createDns, type DnsService } from './dns/resolver.js';
 import { DkimKeyCache, dkimOptionsFor } from './domains/dkim.js';
 import { DeliveryStore } from './emails/deliver.js';
@@ -99,8 +98,7 @@ export interface VerificationState {
 const SEND_BATCH_EXPANSIONS = 4;
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
-  useNamedStatements(config.databasePreparedStatements);
-  const orm = await initOrm({ databaseUrl: config.databaseUrl, logger });
+  const orm = await initOrm({ databaseUrl: config.databaseUrl, logger, namedStatements: config.databasePreparedStatements });
   const redis = createRedis(config.redisUrl, 'producer');
   redis.on('error', (error) => logger.debug({ err: error }, 'redis connection error'));
   // The producer connection refuses commands until it is ready (fail fast): without this

@@ -13,6 +13,8 @@ export interface OrmOptions {
   logger?: Logger;
   /** Connections in this process's pool. */
   poolSize?: number;
+  /** Named prepared statements on the hot paths (db/sql.ts; DATABASE_PREPARED_STATEMENTS); default true. */
+  namedStatements?: boolean;
 }
 
 // How long a request waits for PostgreSQL before it is answered 503 rather than hanging.
@@ -37,6 +39,8 @@ export function ormOptions(options: OrmOptions): Options {
     allowGlobalContext: false,
     pool: { min: 0, max: options.poolSize ?? 10, acquireTimeoutMillis: ACQUIRE_TIMEOUT_MS, idleTimeoutMillis: 30_000 },
     driverOptions: {
+      // Read by db/sql.ts from the pool's settings (knex keeps unknown keys).
+      mailroomNamedStatements: options.namedStatements ?? true,
       connection: { connectionTimeoutMillis: CONNECT_TIMEOUT_MS, application_name: 'mailroom' },
       acquireConnectionTimeout: ACQUIRE_TIMEOUT_MS,
       // knex writes its own warnings (e.g. a pooled connection dropped by the server) with

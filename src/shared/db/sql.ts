@@ -22,19 +22,18 @@ interface PgConnection {
   query(text: string | { name: string; text: string; values: unknown[] }, values?: readonly unknown[]): Promise<{ rows: unknown[] }>;
 }
 
-let namedStatements = true;
-
 /**
- * Whether a statement given a name is prepared on its connection (DATABASE_PREPARED_STATEMENTS,
- * set by `createServices`): off, every statement is sent unnamed (parsed and planned each time),
- * as a transaction-mode pooler that does not track prepared statements needs.
+ * Whether statements given a name are prepared on their connection: the ORM's
+ * `namedStatements` option (DATABASE_PREPARED_STATEMENTS, db/orm.ts), kept in the pool's own
+ * settings. Off, every statement goes unnamed (parsed and planned each time), as a
+ * transaction-mode pooler that does not track prepared statements needs.
  */
-export function useNamedStatements(enabled: boolean): void {
-  namedStatements = enabled;
+function namesStatements(client: { config: unknown }): boolean {
+  return (client.config as { mailroomNamedStatements?: boolean }).mailroomNamedStatements !== false;
 }
 
 function run(connection: PgConnection, text: string, values: readonly unknown[], name: string | undefined) {
-  return name && namedStatements ? connection.query({ name, text: toPg(text), values: values as unknown[] }) : connection.query(toPg(text), values as unknown[]);
+  return name ? connection.query({ name, text: toPg(text), values: values as unknown[] }) : connection.query(toPg(text), values as unknown[]);
 }
 
 const numbered = new Map<string, string>();
@@ -73,11 +72,12 @@ export interface TransactionOptions {
 /** Runs `work` on one pooled connection, outside any transaction (several reads in a row). */
 export async function withConnection<T>(em: EntityManager, work: (sql: Sql) => Promise<T>): Promise<T> {
   const client = em.getKnex().client;
+  const named = namesStatements(client);
   const connection = (await client.acquireConnection()) as PgConnection;
   try {
     return await work({
       async query<R>(text: string, values: readonly unknown[] = [], name?: string) {
-        return (await run(connection, text, values, name)).rows as R[];
+        return (await run(connection, text, values, named ? name : undefined)).rows as R[];
       },
     });
   } finally {
@@ -88,10 +88,11 @@ export async function withConnection<T>(em: EntityManager, work: (sql: Sql) => P
 /** Runs `work` in a transaction on one pooled connection; rolls back when it throws. */
 export async function inTransaction<T>(em: EntityManager, work: (sql: Sql) => Promise<T>, options: TransactionOptions = {}): Promise<T> {
   const client = em.getKnex().client;
+  const named = namesStatements(client);
   const connection = (await client.acquireConnection()) as PgConnection;
   const sql: Sql = {
     async query<R>(text: string, values: readonly unknown[] = [], name?: string) {
-      return (await run(connection, text, values, name)).rows as R[];
+      return (await run(connection, text, values, named ? name : undefined)).rows as R[];
     },
   };
   try {
