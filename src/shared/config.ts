@@ -188,6 +188,7 @@ export interface Config {
   /** DATABASE_PREPARED_STATEMENTS. */
   databasePreparedStatements: boolean;
   redisUrl: string;
+  /** `{REDIS_PREFIX}`: the start of every Redis key, braces included (a hash tag). */
   redisPrefix: string;
   host: string;
   port: number;
@@ -285,7 +286,9 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     databaseUrl: e.DATABASE_URL,
     databasePreparedStatements: e.DATABASE_PREPARED_STATEMENTS,
     redisUrl: e.REDIS_URL,
-    redisPrefix: e.REDIS_PREFIX,
+    // In braces: a Redis Cluster hash tag, so every key of the installation (BullMQ's queues,
+    // whose scripts touch several keys at once, and ours) lands in one slot (contract 22).
+    redisPrefix: `{${e.REDIS_PREFIX}}`,
     host: e.HOST,
     port: e.PORT,
     publicUrl,
