@@ -75,7 +75,7 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     expect(text).toEqual({ text: 'NULL', preview: null });
   });
 
-  it('answers concurrent repeats of a key within one group: one email, the same id, 409 for another body', async () => {
+  it('answers concurrent repeats of a key: one email, 409 to those that came while it ran, 409 for another body', async () => {
     const to = 'repeat@example.com';
     const results = await Promise.all([
       send({ ...base, to }, { 'idempotency-key': 'rep-1' }),
@@ -84,8 +84,12 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
       send({ ...base, to, subject: 'another body' }, { 'idempotency-key': 'rep-1' }),
       send({ ...base, to }),
     ]);
-    expect(results.slice(0, 3).map((r) => r.statusCode)).toEqual([200, 200, 200]);
-    expect(new Set(results.slice(0, 3).map((r) => r.json().id)).size).toBe(1);
+    // The first written is 200; a repeat in the same group, or waiting on its key, is 409; a
+    // repeat in a later group (the first committed) gets its id again.
+    const repeats = results.slice(0, 3);
+    expect(repeats.every((r) => r.statusCode === 200 || r.statusCode === 409)).toBe(true);
+    expect(repeats.filter((r) => r.statusCode === 409).length).toBeGreaterThanOrEqual(1);
+    expect(new Set(repeats.filter((r) => r.statusCode === 200).map((r) => r.json().id)).size).toBe(1);
     expect(results[3]!.statusCode).toBe(409);
     expect(results[3]!.json()).toMatchObject({ name: 'idempotency_conflict' });
     expect(results[4]!.statusCode).toBe(200);

@@ -17,8 +17,8 @@ import type { NewEmail } from './input.js';
  * - With keys, the key rows and the emails are written by ONE statement (a data-modifying
  *   CTE): an email row is written only when its request's key row was inserted (or an
  *   expired one taken over) by that same statement, so the two commit together or not at
- *   all. A concurrent statement inserting the same key waits on the key's row lock
- *   (`lock_timeout`) and then sees it taken.
+ *   all. A concurrent statement inserting the same key waits on the key's row lock at most
+ *   1 ms (`lock_timeout`): 409 while the first runs, its answer again once it committed.
  */
 
 /** One caller's request: its emails are written all or nothing, and answered together. */
@@ -44,8 +44,12 @@ export interface CreatedEmails {
 /** Per request, in order: what was written (or replayed), or why not. */
 export type AcceptResult = { ok: CreatedEmails } | { error: unknown };
 
-// How long a request waits for an earlier one with the same key to finish before 409.
-const IDEMPOTENCY_WAIT_MS = 5_000;
+// How long a request waits for an earlier one with the same key to finish before 409
+// (contract 4: a key reused while the first request runs is 409). PostgreSQL's shortest lock
+// wait: a first request that commits within it is answered again instead.
+const IDEMPOTENCY_WAIT_MS = 1;
+
+const STILL_RUNNING = 'A request with this Idempotency-Key is still being processed; retry shortly';
 
 /**
  * Inserts the rows (status queued) in ONE statement and returns their ids, in order. With
@@ -66,26 +70,21 @@ const scope = (organizationId: string, key: string) => `${organizationId}\n${key
  * fails, every request is written again on its own, so each gets its own result.
  */
 export async function acceptRequests(em: EntityManager, requests: AcceptRequest[]): Promise<AcceptResult[]> {
-  // The same key twice in one statement would be a conflict within the statement: the later
-  // requests run after the earlier has committed, as they would have arrived.
+  // The same key twice in one group: the later requests arrived while the first runs, which
+  // is 409 (contract 4), as it is for a request of another group waiting on the key's lock.
   const seen = new Set<string>();
   const now: number[] = [];
-  const later: number[] = [];
+  const results = new Array<AcceptResult>(requests.length);
   requests.forEach((r, i) => {
     const key = r.idempotency && scope(r.emails[0]!.organizationId, r.idempotency.key);
-    if (key && seen.has(key)) later.push(i);
+    if (key && seen.has(key)) results[i] = { error: new ConflictError('idempotency_conflict', STILL_RUNNING) };
     else {
       if (key) seen.add(key);
       now.push(i);
     }
   });
-  const results = new Array<AcceptResult>(requests.length);
   const first = await writeOrSplit(em, now.map((i) => requests[i]!));
   now.forEach((i, n) => (results[i] = first[n]!));
-  if (later.length > 0) {
-    const rest = await acceptRequests(em, later.map((i) => requests[i]!));
-    later.forEach((i, n) => (results[i] = rest[n]!));
-  }
   return results;
 }
 
@@ -108,7 +107,7 @@ async function writeOrSplit(em: EntityManager, requests: AcceptRequest[]): Promi
 
 function mapError(error: unknown): unknown {
   if ((error as { code?: string }).code === '55P03') {
-    return new ConflictError('idempotency_conflict', 'A request with this Idempotency-Key is still being processed; retry shortly');
+    return new ConflictError('idempotency_conflict', STILL_RUNNING);
   }
   return error;
 }
