@@ -54,7 +54,7 @@ describe('a domain the organization has not proven', () => {
   it('cannot send a campaign', async () => {
     const id = await campaignFrom(paypalSender);
     const res = await api('POST', `/campaigns/${id}/send`, {});
-    expect(res.statusCode).toBe(400);
+    expect(res.statusCode).toBe(422);
     expect(res.json()).toMatchObject({ name: 'validation_error' });
     expect(res.json().message).toContain('paypal.com');
     expect((await api('GET', `/campaigns/${id}`)).json().status).toBe('DRAFT');

@@ -237,7 +237,9 @@ export async function scheduleCampaign(
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
   await checkSender(em, organizationId, campaign.senderId, 400);
   const sender = await senderOf(em, organizationId, campaign.senderId);
-  await assertSendingAllowed(em, deps.config, organizationId, sender!.email, 'senderId', 400);
+  // Contract 12: a From the sending policy refuses is 422 on every path (the spec's 400s of a send are
+  // the campaign's own: status, time, unsubscribe link).
+  await assertSendingAllowed(em, deps.config, organizationId, sender!.email, 'senderId', 422);
   if (!campaign.subject.trim()) throw v400('subject', 'the campaign has no subject');
   if (!hasUnsubscribeLink(campaign.contentType, campaign.content)) {
     throw v400('content', 'the content has no unsubscribe link: add a link whose target is {{unsubscribe_url}}');
