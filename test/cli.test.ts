@@ -95,6 +95,10 @@ describe('bad usage exits non-zero with a message', () => {
     [['org', 'create', '--name', 'A', '--colour', 'red'], '--colour'],
     [['org', 'update'], 'organization id'],
     [['org', 'update', 'org_x', '--track-opens', 'maybe'], '--track-opens'],
+    [['org', 'create', '--name', 'A', '--verify-quota', '99999999999'], '--verify-quota'],
+    [['org', 'update', 'org_x', '--name', '  '], '--name'],
+    [['org', 'update', 'org_x', '--name', 'x'.repeat(101)], '--name'],
+    [['migrate', 'now'], 'migrate takes no arguments'],
     [['org', 'delete', 'org_x'], 'unknown command'],
   ] as const)('%s', async ([args, mention]) => {
     const { code, stdout, stderr } = await cli(...args);

@@ -43,10 +43,21 @@ function onOff(option: string, value: string | undefined): boolean | undefined {
   throw new UsageError(`${option} takes on or off, not "${value}"`);
 }
 
+// The largest value of a PostgreSQL integer column (the organization's quota).
+const MAX_COUNT = 2_147_483_647;
+
 function count(option: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
-  if (!/^\d+$/.test(value)) throw new UsageError(`${option} takes a whole number, not "${value}"`);
+  if (!/^\d+$/.test(value) || Number(value) > MAX_COUNT) throw new UsageError(`${option} takes a whole number up to ${MAX_COUNT}, not "${value}"`);
   return Number(value);
+}
+
+/** An organization's name as `org create` and `org update` take it: 1 to 100 characters. */
+function orgName(value: string | undefined): string | undefined {
+  if (value === undefined) return undefined;
+  const name = value.trim();
+  if (!name || name.length > 100) throw new UsageError('--name takes 1 to 100 characters');
+  return name;
 }
 
 async function withOrm<T>(config: Config, run: (orm: Orm) => Promise<T>): Promise<T> {
@@ -68,8 +79,8 @@ async function orgCreate(config: Config, args: string[]): Promise<void> {
       json: { type: 'boolean', default: false },
     },
   });
-  const name = values.name?.trim();
-  if (!name || name.length > 100) throw new UsageError('--name is required (1 to 100 characters)');
+  if (values.name === undefined) throw new UsageError('--name is required (1 to 100 characters)');
+  const name = orgName(values.name)!;
   const created = await withOrm(config, (orm) =>
     createOrganization(orm.em.fork(), new SecretBox(config.secretKey), {
       name,
@@ -108,7 +119,7 @@ async function orgUpdate(config: Config, args: string[]): Promise<void> {
   if (!id) throw new UsageError('org update needs the organization id');
   const org = await withOrm(config, (orm) =>
     updateOrganization(orm.em.fork(), id, {
-      name: values.name?.trim() || undefined,
+      name: orgName(values.name),
       doubleOptIn: onOff('--double-opt-in', values['double-opt-in']),
       verifyQuota: count('--verify-quota', values['verify-quota']),
       trackOpens: onOff('--track-opens', values['track-opens']),
@@ -197,7 +208,10 @@ type Command = (config: Config, args: string[]) => Promise<number | void>;
 
 /** Every command by its words ("org create", or one word such as "verify"): one line adds one. */
 const COMMANDS: Record<string, Command> = {
-  migrate: (config) => runMigrate(config),
+  migrate: (config, args) => {
+    if (args.length) throw new UsageError(`migrate takes no arguments, got "${args.join(' ')}"`);
+    return runMigrate(config);
+  },
   'org create': orgCreate,
   'org update': orgUpdate,
   'org list': (config, args) => orgList(operator, config, args),
