@@ -88,6 +88,29 @@ async function startMain(): Promise<{ proc: ServiceProcess; port: number }> {
 }
 
 describe('npm start (src/main.ts)', () => {
+  it('with Redis unreachable, answers 503 on /readyz while its workers wait, and exits on SIGTERM', async () => {
+    // A port where nothing listens.
+    const closed = await new Promise<number>((resolve) => {
+      const server = createServer();
+      server.listen(0, '127.0.0.1', () => {
+        const { port } = server.address() as { port: number };
+        server.close(() => resolve(port));
+      });
+    });
+    const proc = runService('src/main.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info', REDIS_URL: `redis://127.0.0.1:${closed}` }, { via: 'tsx' });
+    try {
+      const port = Number((await proc.waitFor(/API listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
+      const ready = await request(port, '/readyz');
+      expect(ready.status).toBe(503);
+      expect(ready.body).toContain('redis');
+      expect(proc.stdout()).not.toContain('mailroom is running');
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited).toBe(0);
+    } finally {
+      proc.kill();
+    }
+  });
+
   it('serves /healthz and exits 0 on SIGINT', async () => {
     const { proc, port } = await startMain();
     try {

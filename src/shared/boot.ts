@@ -37,6 +37,10 @@ export function limitHeapGrowth(percent: number): void {
   if (percent > 0) setFlagsFromString(`--heap-growing-percent=${percent}`);
 }
 
+// Longer than a send's own timeouts (the relay's answer, a lock wait), shorter than what an
+// orchestrator usually grants before SIGKILL.
+const SHUTDOWN_DEADLINE_MS = 25_000;
+
 export interface Shutdown {
   /** How to stop once started; a signal received during start-up runs it right away. */
   onStop(stop: () => Promise<void>): void;
@@ -46,7 +50,10 @@ export interface Shutdown {
  * Installs the SIGINT and SIGTERM handlers at once, before start-up: a signal that comes
  * while the process is still starting (connecting, migrating) is remembered, and the process
  * stops gracefully as soon as it has started, instead of dying of the signal. `stop` runs
- * once, then the process exits 0 (1 if `stop` fails). A second signal exits at once.
+ * once, then the process exits 0 (1 if `stop` fails). A second signal exits at once, and so
+ * does a stop still unfinished after SHUTDOWN_DEADLINE_MS (a job or a close waiting on
+ * PostgreSQL or Redis that is gone): what it leaves behind is what a killed process leaves,
+ * which the reconcilers recover (docs/operations.md "Killing a process").
  */
 export function handleShutdown(logger: Logger): Shutdown {
   let stopping = false;
@@ -68,6 +75,12 @@ export function handleShutdown(logger: Logger): Shutdown {
       logger.warn({ signal }, 'second signal: exiting now');
       process.exit(1);
     }
+    // From the first signal, whether the process has finished starting or not (one that
+    // waits for Redis may never finish).
+    setTimeout(() => {
+      logger.error({ deadlineMs: SHUTDOWN_DEADLINE_MS }, 'shutdown did not finish in time: exiting now');
+      process.exit(1);
+    }, SHUTDOWN_DEADLINE_MS).unref();
     if (stopFn) run(signal, stopFn);
     else {
       requested = signal;
