@@ -32,14 +32,14 @@ const inbound = await startInbound(services);
 logger.info(`inbound SMTP for bounces and complaints on ${inbound.host}:${inbound.port}`);
 const submission = await startSubmission(services);
 logger.info(`SMTP submission on ${config.smtpSubmission.host}:${submission.port} (docs/smtp.md)`);
-let workers: Awaited<ReturnType<typeof startWorkerProcess>> | undefined;
+const started: { workers?: Awaited<ReturnType<typeof startWorkerProcess>> } = {};
 // A signal while the workers wait for Redis stops what has started, and exits.
 shutdown.onStop(async () => {
   await submission.close();
   await app.close();
   await inbound.close();
-  await workers?.close();
+  await started.workers?.close();
   await closeServices(services);
 });
-workers = await startWorkerProcess(services);
+started.workers = await startWorkerProcess(services);
 logger.info(`mailroom is running on http://${where} (docs at /docs)`);
