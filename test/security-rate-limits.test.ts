@@ -63,6 +63,22 @@ describe('RATE_LIMIT_ORG_PER_SECOND', () => {
     expect(codes.slice(ORG_LIMIT)).toEqual([429, 429]);
   });
 
+  it('counts every tool call of an MCP batch beyond the first, which its POST paid for', async () => {
+    const call = (id: number) => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'list_domains', arguments: {} } });
+    const codes = await withinOneSecond(async () => {
+      // One POST, ORG_LIMIT tool calls: the budget of the second.
+      const batch = await ctx.app.inject({
+        method: 'POST',
+        url: '/mcp',
+        headers: { ...bearer(tokens[0]!), accept: 'application/json, text/event-stream' },
+        payload: Array.from({ length: ORG_LIMIT }, (_, i) => call(i + 1)),
+      });
+      const next = await ctx.app.inject({ url: '/api/v2/tags', headers: bearer(tokens[1]!) });
+      return [batch.statusCode, next.statusCode];
+    });
+    expect(codes).toEqual([200, 429]);
+  });
+
   it('an organization over its budget does not slow another one', async () => {
     const other = await createOrg(ctx.services, { name: 'Other' });
     const codes = await withinOneSecond(async () => {

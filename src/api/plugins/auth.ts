@@ -6,7 +6,7 @@ import { AppError, AuthenticationError, PermissionError } from '../../shared/err
 import { holds } from '../../shared/tokens/permissions.js';
 import { findTokenBySecret, type Caller } from '../../shared/tokens/service.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
-import { isDispatched } from '../tools/dispatch.js';
+import { organizationLimitPaid } from '../tools/dispatch.js';
 
 export type { RateDecision } from '../../shared/rate-limits/window.js';
 
@@ -58,7 +58,8 @@ export async function rateLimit(limiter: WindowRateLimiter, caller: Caller, repl
  * One request of the caller's organization against RATE_LIMIT_ORG_PER_SECOND. Counted once
  * per request that reaches the service from outside: by the v2 hook, and by the layers that
  * dispatch (tools, MCP, v1) before they dispatch, so a call they refuse themselves counts
- * too; the v2 request they dispatch is not counted again (isDispatched).
+ * too; the first v2 request they dispatch is not counted again, every further one is
+ * (organizationLimitPaid).
  */
 export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, caller: Caller, reply: FastifyReply): Promise<void> {
   const decision = await services.orgLimiter.take(caller.organizationId);
@@ -75,7 +76,7 @@ export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, 
 export function authHook(services: Services, cache: TokenCache, limiter: WindowRateLimiter) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     request.caller = await authenticate(services, cache, request);
-    if (!isDispatched(request)) await limitOrganization(services, request.caller, reply);
+    if (!organizationLimitPaid(request)) await limitOrganization(services, request.caller, reply);
     await rateLimit(limiter, request.caller, reply);
     const permission = request.routeOptions.config?.permission;
     if (permission && !holds(request.caller.permissions, permission)) {
