@@ -101,6 +101,16 @@ describe('POST /api/v1/emails (send)', () => {
     expect(row).toMatchObject({ content_kind: 'markdown', content: '# Hi' });
   });
 
+  it('names the v1 fields in its errors: content and replyTo, not the v2 fields they became', async () => {
+    const res = await v1('POST', '/emails', { ...base, content: '', contentType: 'HTML', replyTo: 'not an address' });
+    expect(res.statusCode).toBe(422);
+    const { error } = res.json();
+    const paths = error.details.map((d: { path: string }) => d.path);
+    expect(paths).toEqual(expect.arrayContaining(['content', 'replyTo']));
+    expect(paths.join(' ')).not.toMatch(/html|reply_to/);
+    expect(error.message).not.toMatch(/^(html|reply_to)/);
+  });
+
   it('maps contentType HTML and TIPTAP to v2 html and tiptap', async () => {
     const html = await v1('POST', '/emails', { ...base, content: '<p>Hi</p>', contentType: 'HTML' });
     expect(html.statusCode).toBe(200);

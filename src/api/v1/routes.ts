@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { errorBody, errorHeaders, toErrorBody } from '../plugins/errors.js';
-import { dispatch, segment, type EndpointRequest } from '../tools/dispatch.js';
+import { dispatch, segment, type EndpointRequest, type EndpointResponse } from '../tools/dispatch.js';
 import type { App } from '../types.js';
 import { sendWrapped, v1Error } from './envelope.js';
 
@@ -65,6 +65,21 @@ export const V1SendBody = z.looseObject({
 });
 
 const CONTENT_FIELD = { MARKDOWN: 'markdown', HTML: 'html', TIPTAP: 'tiptap' } as const;
+
+// The v2 fields a v1 send was translated into, by the v1 field the caller wrote.
+const V1_FIELD: Record<string, string> = { markdown: 'content', html: 'content', tiptap: 'content', reply_to: 'replyTo' };
+const V2_FIELD = /^(markdown|html|tiptap|reply_to)(?=[.:]|$)/;
+
+/** A v2 error about a translated field, in the v1 names the caller used (`content: …`, not `markdown: …`). */
+function inV1Fields(response: EndpointResponse): EndpointResponse {
+  const body = response.body as { message?: unknown; details?: Array<{ path: string; message: string }> } | null;
+  if (response.statusCode < 400 || !body || typeof body.message !== 'string') return response;
+  const rename = (text: string) => text.replace(V2_FIELD, (field) => V1_FIELD[field]!);
+  return {
+    ...response,
+    body: { ...body, message: rename(body.message), ...(body.details ? { details: body.details.map((d) => ({ ...d, path: rename(d.path) })) } : {}) },
+  };
+}
 
 function v2Url(pattern: string, params: unknown): string {
   const values = (params ?? {}) as Record<string, string>;
@@ -160,6 +175,6 @@ export async function v1Routes(app: App): Promise<void> {
     const { content, contentType, replyTo, tracking: _dropped, ...rest } = request.body;
     const body = { ...rest, [CONTENT_FIELD[contentType]]: content, ...(replyTo === undefined ? {} : { reply_to: replyTo }) };
     const response = await dispatch(app, request, { method: 'POST', url: '/api/v2/emails', body, headers: forwardedHeaders(request) });
-    return sendWrapped(reply, response);
+    return sendWrapped(reply, inV1Fields(response));
   });
 }
