@@ -22,24 +22,27 @@ const applied = await migrate(services.orm);
 if (applied.length > 0) logger.info({ applied }, 'applied migrations');
 // The listeners first: while Redis is unreachable the workers wait for it, and meanwhile the
 // API answers (503 on /readyz and on what needs Redis) instead of refusing connections.
-const app = await startApi(services);
-// The bound address, not the configured one: PORT=0 lets the OS choose.
-const bound = app.server.address();
-const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
-logger.info(`API listening on http://${where}`);
-// Bounces and complaints by mail (docs/outcomes.md), on INBOUND_SMTP_HOST:INBOUND_SMTP_PORT.
-const inbound = await startInbound(services);
-logger.info(`inbound SMTP for bounces and complaints on ${inbound.host}:${inbound.port}`);
-const submission = await startSubmission(services);
-logger.info(`SMTP submission on ${config.smtpSubmission.host}:${submission.port} (docs/smtp.md)`);
-const started: { workers?: Awaited<ReturnType<typeof startWorkerProcess>> } = {};
-// A signal while the workers wait for Redis stops what has started, and exits.
-shutdown.onStop(async () => {
-  await submission.close();
-  await app.close();
-  await inbound.close();
-  await started.workers?.close();
-  await closeServices(services);
-});
-started.workers = await startWorkerProcess(services);
-logger.info(`mailroom is running on http://${where} (docs at /docs)`);
+async function startAll(): Promise<void> {
+  const app = await startApi(services);
+  // The bound address, not the configured one: PORT=0 lets the OS choose.
+  const bound = app.server.address();
+  const where = bound && typeof bound === 'object' ? `${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}` : `${config.host}:${config.port}`;
+  logger.info(`API listening on http://${where}`);
+  // Bounces and complaints by mail (docs/outcomes.md), on INBOUND_SMTP_HOST:INBOUND_SMTP_PORT.
+  const inbound = await startInbound(services);
+  logger.info(`inbound SMTP for bounces and complaints on ${inbound.host}:${inbound.port}`);
+  const submission = await startSubmission(services);
+  logger.info(`SMTP submission on ${config.smtpSubmission.host}:${submission.port} (docs/smtp.md)`);
+  const started: { workers?: Awaited<ReturnType<typeof startWorkerProcess>> } = {};
+  // A signal while the workers wait for Redis stops what has started, and exits.
+  shutdown.onStop(async () => {
+    await submission.close();
+    await app.close();
+    await inbound.close();
+    await started.workers?.close();
+    await closeServices(services);
+  });
+  started.workers = await startWorkerProcess(services);
+  logger.info(`mailroom is running on http://${where} (docs at /docs)`);
+}
+await startAll();
