@@ -64,6 +64,10 @@ export async function rateLimit(limiter: WindowRateLimiter, caller: Caller, repl
 export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, caller: Caller, reply: FastifyReply): Promise<void> {
   const decision = await services.orgLimiter.take(caller.organizationId);
   if (decision.allowed) return;
+  // Refused by this limit: the RateLimit-* headers are the organization's (the binding one).
+  void reply.header('RateLimit-Limit', String(decision.limit));
+  void reply.header('RateLimit-Remaining', String(decision.remaining));
+  void reply.header('RateLimit-Reset', String(decision.resetSeconds));
   void reply.header('Retry-After', String(decision.resetSeconds));
   throw new AppError(
     429,
