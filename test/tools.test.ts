@@ -78,6 +78,18 @@ describe('GET /api/v2/tools', () => {
     expect(res.json().data.length).toBeGreaterThanOrEqual(REQUIRED_TOOLS.length);
   });
 
+  it('answers with the X-Request-Id and the rate limit headers of any API answer', async () => {
+    const res = await fetch(`${baseUrl}/mcp`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...bearer(token) },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' }),
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('x-request-id')).toBeTruthy();
+    // tools/list dispatches nothing: the POST itself is counted, and says so.
+    expect(res.headers.get('ratelimit-limit')).toBeTruthy();
+  });
+
   it('is 401 missing_api_key without a valid token', async () => {
     for (const headers of [{}, bearer('svc_' + '0'.repeat(64))]) {
       const res = await ctx.app.inject({ method: 'GET', url: '/api/v2/tools', headers });

@@ -70,6 +70,9 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
       if (!onlyToolCalls(request.body)) await rateLimit(limiter, request.caller, reply);
       const server = serverFor(app, request);
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+      // The transport writes the answer itself: the headers set so far (X-Request-Id, the
+      // rate limit's) go on the raw response first, or they would be lost with the hijack.
+      for (const [name, value] of Object.entries(reply.getHeaders())) if (value !== undefined) reply.raw.setHeader(name, value);
       reply.hijack();
       reply.raw.on('close', () => {
         void transport.close();
