@@ -277,6 +277,10 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     expect(res.json()).toMatchObject({ status: 'SCHEDULED' });
     expect(res.json().timezone).toBeUndefined();
     expect(Date.parse(res.json().scheduledAt)).toBeGreaterThanOrEqual(before - 1000);
+    // The same with a JSON content type and no bytes (what many clients send).
+    const typed = await createCampaign({ content: `Hi${UNSUB_MD}`, recipientFilters: nobody });
+    const empty = await ctx.app.inject({ method: 'POST', url: `/api/v2/campaigns/${typed.id}/send`, headers: { ...bearer(token), 'content-type': 'application/json' }, payload: '' });
+    expect(empty.statusCode, empty.body).toBe(200);
     const nulls = await createCampaign({ content: `Hi${UNSUB_MD}`, recipientFilters: nobody });
     const r2 = await api('POST', `/campaigns/${nulls.id}/send`, { scheduledAt: null, timezone: null });
     expect(r2.statusCode, r2.body).toBe(200);

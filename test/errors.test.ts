@@ -35,12 +35,18 @@ describe('malformed requests (docs/foundation.md "Errors")', () => {
     ['a truncated object', '{"name": '],
     ['a bare word', 'hello'],
     ['a trailing comma', '{"name": "x",}'],
-    ['an empty body', ''],
     ['a prototype poisoning attempt', '{"name":"x","__proto__":{"admin":true}}'],
   ])('answers 400 invalid_json to %s', async (_label, body) => {
     const res = await postTokens(body, 'application/json');
     expect(res.statusCode).toBe(400);
     expect(res.json()).toEqual({ name: 'invalid_json', message: expect.any(String), statusCode: 400 });
+  });
+
+  it('takes an empty body declared as JSON as no body: the route answers what it answers without one', async () => {
+    // POST /tokens needs a body: its validation error, not a parse error.
+    const res = await postTokens('', 'application/json');
+    expect(res.statusCode).toBe(422);
+    expect(res.json()).toMatchObject({ name: 'validation_error' });
   });
 
   it.each(['text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', 'application/xml'])(

@@ -57,6 +57,17 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   app.setSerializerCompiler(serializerCompiler);
   // Only JSON bodies are accepted anywhere: anything else is 415 (docs/foundation.md "Errors").
   app.removeContentTypeParser(['text/plain']);
+  // An empty body declared as JSON is no body (what many clients send with a POST that has
+  // nothing to say): a route whose body is optional takes it, one that needs a body answers
+  // its validation error. Anything else goes to Fastify's own parser (prototype poisoning
+  // refused).
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
+    const text = body.toString();
+    if (text === '') return done(null, undefined);
+    return parseJson(request, text, done);
+  });
   app.decorate('services', services);
   app.decorateRequest('caller', null as never);
   // A fork per request, made on first use: /healthz, the public pixels and the requests
