@@ -60,4 +60,21 @@ describe('an endpoint run', () => {
     expect(verifies(rotated!, 1)).toBe(true);
     expect(verifies(endpoint.secret, 1)).toBe(false);
   });
+
+  it("posts an endpoint's due events oldest first", async () => {
+    const endpoint = (await api('POST', '/webhooks', { url: 'https://receiver.example/ordered', events: ['*'] })).json() as { id: string };
+    for (let i = 0; i < 40; i++) expect((await api('POST', `/webhooks/${endpoint.id}/test`)).statusCode).toBe(200);
+    // All due at the same moment: the order is the events' own (their ids are time-ordered).
+    await ctx.services.orm.em.fork().execute(`update webhook_messages set next_attempt_at = now() - interval '1 minute' where endpoint_id = ?`, [endpoint.id]);
+    const ids: string[] = [];
+    const client = {
+      async post(_endpointId: string, _url: string, headers: Record<string, string>) {
+        ids.push(headers['webhook-id']!);
+        return { ok: true, statusCode: 200, error: null };
+      },
+    } as unknown as WebhookClient;
+    await deliverEndpoint({ em: ctx.services.orm.em.fork(), box: ctx.services.box, client, clock: ctx.services.clock }, endpoint.id, { batch: 16, concurrency: 1 });
+    expect(ids).toHaveLength(40);
+    expect(ids).toEqual([...ids].sort());
+  });
 });

@@ -188,13 +188,16 @@ export interface ClaimedMessage {
  * twice; a claimer that dies leaves its rows to be claimed again once the lease ends.
  */
 export async function claimMessages(em: Db, endpointId: string, limit: number, leaseMs: number): Promise<ClaimedMessage[]> {
+  // RETURNING keeps no order: the claimed rows are sorted again, so they are posted oldest first.
   return em.execute<ClaimedMessage[]>(
-    `update webhook_messages m set locked_until = now() + (? * interval '1 millisecond')
-     where m.id in (
-       select id from webhook_messages
-       where endpoint_id = ? and status = 'pending' and next_attempt_at <= now() and (locked_until is null or locked_until < now())
-       order by next_attempt_at, id limit ? for update skip locked)
-     returning m.id, m.type, m.payload, m.attempts`,
+    `with claimed as (
+       update webhook_messages m set locked_until = now() + (? * interval '1 millisecond')
+       where m.id in (
+         select id from webhook_messages
+         where endpoint_id = ? and status = 'pending' and next_attempt_at <= now() and (locked_until is null or locked_until < now())
+         order by next_attempt_at, id limit ? for update skip locked)
+       returning m.id, m.type, m.payload, m.attempts, m.next_attempt_at)
+     select id, type, payload, attempts from claimed order by next_attempt_at, id`,
     [leaseMs, endpointId, limit],
     'all',
   );
