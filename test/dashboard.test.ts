@@ -95,7 +95,8 @@ beforeAll(async () => {
     args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
   });
   // bypassCSP only so that the test can inject axe-core; the pages' own policy is checked below.
-  context = await browser.newContext({ bypassCSP: true, viewport: { width: 1280, height: 900 } });
+  // A browser in Tokyo: the schedule form preselects the browser's own time zone.
+  context = await browser.newContext({ bypassCSP: true, viewport: { width: 1280, height: 900 }, timezoneId: 'Asia/Tokyo' });
   page = await context.newPage();
 });
 
@@ -238,6 +239,8 @@ describe('dashboard in Chromium', () => {
     const tests = await rows(`select to_address, subject from emails where campaign_id = ? and source = 'test'`, [id]);
     expect(tests).toEqual([{ to_address: 'tester@example.com', subject: 'What is new' }]);
     await page.fill('#scheduledAt', '2030-06-01T09:30');
+    expect(await page.locator('#timezone').inputValue()).toBe('Asia/Tokyo');
+    expect(await page.locator('#timezone option[value="UTC"]').count()).toBe(1);
     await page.selectOption('#timezone', 'America/New_York');
     await Promise.all([page.waitForURL(/notice=scheduled/), page.click('form[action$="/schedule"] button')]);
     expect(await page.locator('main').textContent()).toContain('SCHEDULED');

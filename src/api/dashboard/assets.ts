@@ -48,7 +48,7 @@ dl.facts dd { margin: 0; overflow-wrap: anywhere; }
 .split { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
 iframe.preview { width: 100%; min-height: 28rem; border: 1px solid var(--line); background: #fff; }
 ol.timeline { list-style: none; padding: 0; border-left: 2px solid var(--line); }
-ol.timeline li { padding: 4px 0 4px 12px; }
+ol.timeline li { padding: 4px 0 4px 12px; overflow-wrap: anywhere; }
 .pager { display: flex; gap: 16px; margin: 12px 0; }
 progress, meter { width: 100%; max-width: 32rem; height: 1.25rem; }
 .muted { color: var(--muted); }

@@ -19,7 +19,8 @@ import { csrfField, html, isoMinute, page, table, when, type PageUser } from './
 
 const PAGE_SIZE = 25;
 // Every IANA zone this Node.js knows, for the schedule form.
-const TIME_ZONES = Intl.supportedValuesOf('timeZone');
+// IANA's zones as the runtime knows them, and UTC (which the API takes too, but the list omits).
+const TIME_ZONES = ['UTC', ...Intl.supportedValuesOf('timeZone').filter((zone) => zone !== 'UTC')];
 const STARTER = 'Hello {{name}},\n\nWrite your message in **Markdown**.\n\n[Unsubscribe]({{unsubscribe_url}})\n';
 
 /** The form's fields as the API's body: blank optional fields are left out. */
@@ -149,7 +150,7 @@ ${await editor(caller.organizationId, request.em, user, view)}
   ${csrfField(user)}
   <div class="field"><label for="scheduledAt">Send at (leave empty for now)</label><input id="scheduledAt" name="scheduledAt" type="datetime-local"></div>
   <div class="field"><label for="timezone">Time zone</label><select id="timezone" name="timezone" data-browser-zone>
-    ${TIME_ZONES.map((zone) => html`<option${zone === DEFAULT_TIMEZONE ? html` selected` : ''}>${zone}</option>`)}
+    ${TIME_ZONES.map((zone) => html`<option value="${zone}"${zone === DEFAULT_TIMEZONE ? html` selected` : ''}>${zone}</option>`)}
   </select></div>
   <div class="field"><button type="submit">Schedule</button></div>
 </form>`;
