@@ -61,4 +61,15 @@ describe.concurrent('subscribers import: what a person sees when a file is not r
     expect(result.stderr).not.toMatch(/\n\s+at /);
     expect(await count(other)).toBe(0);
   });
+
+  it('refuses a file that is not UTF-8 (a Latin-1 export) with one line, and imports nothing', async () => {
+    const other = (await createOrg(ctx.services, { name: 'Latin' })).organizationId;
+    const file = join(dir, 'latin1.csv');
+    // "Zoë Müller" in ISO-8859-1: bytes that are not UTF-8.
+    await writeFile(file, Buffer.concat([Buffer.from('email,name\nzoe@example.com,'), Buffer.from([0x5a, 0x6f, 0xeb, 0x20, 0x4d, 0xfc, 0x6c, 0x6c, 0x65, 0x72]), Buffer.from('\n')]));
+    const result = await runCli(['subscribers', 'import', file, '--org', other, '--json'], ctx.env.env);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toMatch(/latin1\.csv is not UTF-8 \(near line 2\).*nothing was imported/);
+    expect(await count(other)).toBe(0);
+  });
 });

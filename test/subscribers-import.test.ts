@@ -98,7 +98,13 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
     const noEmail = join(dir, 'no-email.csv');
     await writeFile(noEmail, 'name,phone\nAnn,1\n');
     const noColumn = await cli(['subscribers', 'import', noEmail, '--org', org.organizationId]);
-    expect(noColumn.code).toBe(2);
+    // A problem of the file, not of the command: one line, exit 1.
+    expect(noColumn.code).toBe(1);
     expect(noColumn.stderr).toContain('no email column');
+    expect(noColumn.stderr).not.toContain('Usage:');
+    const directory = await cli(['subscribers', 'import', dir, '--org', org.organizationId]);
+    expect(directory.code).toBe(1);
+    expect(directory.stderr).toContain('is not a file');
+    expect(directory.stderr).not.toMatch(/\n\s+at /);
   });
 });

@@ -42,9 +42,11 @@ export async function subscribersImport(config: Config, args: string[], usage: (
   if (!file) throw usage('subscribers import needs a CSV file');
   if (!values.org) throw usage('subscribers import needs --org ORG_ID');
   const organizationId = values.org;
-  const size = (await stat(file).catch(() => {
+  const found = await stat(file).catch(() => {
     throw new NotFoundError(`cannot read ${file}`);
-  })).size;
+  });
+  if (!found.isFile()) throw new AppError(422, 'invalid_csv', `${file} is not a file`);
+  const size = found.size;
 
   const orm = await initOrm({ databaseUrl: config.databaseUrl, poolSize: 2 });
   const bar = new SingleBar({
@@ -75,12 +77,13 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     // A first pass that only parses: a broken file (an unclosed quote, say) is refused with
     // one line naming the problem before anything is imported. Parsing is a small part of
     // an import's cost (bench/README.md).
+    await assertUtf8(file);
     try {
       for await (const _ of open()) if (missingEmail) break;
     } catch (error) {
       throw brokenFile(file, error);
     }
-    if (missingEmail) throw usage('the CSV file has no email column (the first line must name the columns)');
+    if (missingEmail) throw new AppError(422, 'invalid_csv', `${file} has no email column (its first line must name the columns); nothing was imported`);
 
     const parser = open();
     bar.start(size, 0, { rows: 0, rate: 0 });
@@ -133,6 +136,40 @@ export async function subscribersImport(config: Config, args: string[], usage: (
       `Imported ${file} into ${organizationId}: ${summary.rows} rows in ${summary.seconds} s (${summary.rowsPerSecond} rows/s): ` +
         `${summary.created} created, ${summary.updated} updated, ${summary.skipped} skipped, ${summary.warnings} warnings.\n`,
     );
+  }
+}
+
+/**
+ * Refuses a file that is neither UTF-8 nor UTF-16 with its byte-order mark (a Latin-1 export,
+ * say): read as UTF-8, its accented letters would be stored as replacement characters.
+ */
+async function assertUtf8(file: string): Promise<void> {
+  const decoder = new TextDecoder('utf-8', { fatal: true });
+  let first = true;
+  let line = 1;
+  const refuse = (chunk?: Buffer) => {
+    // The line of the first byte that is not UTF-8: the text before it, read leniently.
+    const text = chunk ? new TextDecoder('utf-8').decode(chunk) : '';
+    const bad = text.indexOf('\uFFFD');
+    if (bad > 0) line += text.slice(0, bad).split('\n').length - 1;
+    return new AppError(422, 'invalid_csv', `${file} is not UTF-8 (near line ${line}): save it as UTF-8 and import it again; nothing was imported`);
+  };
+  for await (const chunk of createReadStream(file) as AsyncIterable<Buffer>) {
+    // UTF-16 with its byte-order mark is read as such by the CSV parser.
+    if (first && chunk.length >= 2 && ((chunk[0] === 0xff && chunk[1] === 0xfe) || (chunk[0] === 0xfe && chunk[1] === 0xff))) return;
+    first = false;
+    let text: string;
+    try {
+      text = decoder.decode(chunk, { stream: true });
+    } catch {
+      throw refuse(chunk);
+    }
+    line += text.split('\n').length - 1;
+  }
+  try {
+    decoder.decode();
+  } catch {
+    throw refuse();
   }
 }
 
