@@ -287,10 +287,17 @@ describe('dashboard in Chromium', () => {
     await page.goto(`${base}/app/tokens`);
     await page.fill('#token-name', 'ci deploy');
     await page.selectOption('#preset', 'app');
-    await Promise.all([page.waitForLoadState('load'), page.click('form[action="/app/tokens"] button')]);
+    await Promise.all([page.waitForURL(/notice=token_created/), page.click('form[action="/app/tokens"] button')]);
     const secret = (await page.locator('#new-token').textContent())!.trim();
     expect(secret).toMatch(/^svc_[0-9a-f]{64}$/);
     await check('token-created', false);
+    // The form redirected (post, redirect, get): a reload neither shows the secret again nor
+    // creates a second token.
+    const tokensNamed = async () => (await rows(`select id from api_tokens where organization_id = ? and name = 'ci deploy'`, [orgA.organizationId])).length;
+    expect(await tokensNamed()).toBe(1);
+    await page.reload();
+    expect(await page.locator('#new-token').count()).toBe(0);
+    expect(await tokensNamed()).toBe(1);
     const api = (token: string) => fetch(`${base}/api/v2/subscribers?limit=1`, { headers: { authorization: `Bearer ${token}` } });
     expect((await api(secret)).status).toBe(200);
     await page.goto(`${base}/app/tokens`);
@@ -338,9 +345,13 @@ describe('dashboard in Chromium', () => {
       await page.fill('#webhook-url', `${receiver.url}/ok`);
       await page.check('#event-email-bounced');
       await page.fill('#webhook-description', 'CRM sync');
-      await Promise.all([page.waitForLoadState('load'), page.click('form[action="/app/webhooks"] button[type=submit]')]);
+      await Promise.all([page.waitForURL(/notice=webhook_created/), page.click('form[action="/app/webhooks"] button[type=submit]')]);
       const secret = (await page.locator('#new-webhook-secret').textContent())!.trim();
       expect(secret).toMatch(/^whsec_/);
+      // Post, redirect, get: a reload adds no second endpoint and does not show the secret again.
+      await page.reload();
+      expect(await page.locator('#new-webhook-secret').count()).toBe(0);
+      expect(await endpoints()).toHaveLength(1);
       const [stored] = await endpoints();
       expect(stored).toMatchObject({ url: `${receiver.url}/ok`, events: ['email.delivered', 'email.bounced'] });
       const id = stored!.id as string;

@@ -75,6 +75,8 @@ export function parseWith<S extends z.ZodType>(schema: S, data: unknown, status 
 export const NOTICES: Record<string, string> = {
   saved: 'Saved.',
   created: 'Created.',
+  token_created: 'Token created.',
+  webhook_created: 'Endpoint added.',
   scheduled: 'The campaign is scheduled.',
   test_sent: 'The test email is on its way.',
   verifying: 'Verification requested: the DNS records are being checked.',
@@ -88,6 +90,12 @@ export const NOTICES: Record<string, string> = {
   signed_out: 'You are signed out.',
   expired: 'Your session has expired: sign in again.',
 };
+
+/** The `shown` query parameter: the id of a secret a form post kept for this page (SessionStore#keepToShow). */
+export function shownOf(request: FastifyRequest): string | undefined {
+  const id = (request.query as Record<string, unknown> | undefined)?.shown;
+  return typeof id === 'string' ? id : undefined;
+}
 
 export function noticeOf(request: FastifyRequest): string | undefined {
   const key = (request.query as Record<string, unknown> | undefined)?.notice;

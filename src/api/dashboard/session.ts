@@ -8,6 +8,8 @@ export const SESSION_IDLE_SECONDS = 12 * 3600;
 // docs/dashboard.md "Getting in": 5 failed sign-ins a minute for one address, then 429.
 export const SIGN_IN_FAILURES = 5;
 export const SIGN_IN_WINDOW_SECONDS = 60;
+// How long a secret created by a form waits to be shown on the page the form redirects to.
+const SHOWN_SECONDS = 300;
 
 export interface Session {
   userId: string;
@@ -46,6 +48,27 @@ export class SessionStore {
 
   async destroy(id: string): Promise<void> {
     await this.services.redis.del(this.key(id));
+  }
+
+  /**
+   * A secret to show once on the page a form post redirects to (post, redirect, get: a reload
+   * shows the list and creates nothing twice). Kept five minutes, sealed with SECRET_KEY, for
+   * this session only; `takeShown` hands it over once.
+   */
+  async keepToShow(sessionId: string, value: Record<string, string>): Promise<string> {
+    const id = randomBytes(12).toString('base64url');
+    await this.services.redis.set(this.shownKey(sessionId, id), this.services.box.seal(JSON.stringify(value)), 'EX', SHOWN_SECONDS);
+    return id;
+  }
+
+  async takeShown(sessionId: string, id: string | undefined): Promise<Record<string, string> | null> {
+    if (!id || !/^[\w-]{16}$/.test(id)) return null;
+    const sealed = await this.services.redis.getdel(this.shownKey(sessionId, id));
+    return sealed ? (JSON.parse(this.services.box.open(sealed)) as Record<string, string>) : null;
+  }
+
+  private shownKey(sessionId: string, id: string): string {
+    return redisKey(this.services.config, 'dashboard', 'shown', digest(sessionId), id);
   }
 
   private failuresKey(email: string): string {

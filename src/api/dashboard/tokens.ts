@@ -3,7 +3,7 @@ import { PRESETS, PresetSchema } from '../../shared/tokens/permissions.js';
 import { revokeToken } from '../../shared/tokens/revoke.js';
 import { createToken, listTokens } from '../../shared/tokens/service.js';
 import type { App } from '../types.js';
-import { formOf, noticeOf, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { formOf, noticeOf, parseWith, sendPage, shownOf, signedIn, type DashboardContext } from './context.js';
 import { csrfField, html, isoMinute, page, table, type PageUser } from './html.js';
 
 const CreateForm = z.object({
@@ -40,26 +40,30 @@ export async function tokenPages(app: App, ctx: DashboardContext): Promise<void>
     return html`${extra}${createForm(user)}<h2>Tokens</h2>${table('API tokens', ['Name', 'Ends with', 'Permissions', 'Created', ''], rows)}`;
   }
 
+  /** The secret of a token just created, from the form's redirect: shown this once. */
+  const newToken = (token: Record<string, string>) => html`<section aria-labelledby="new-token-h">
+<h2 id="new-token-h">Your new token "${token.name ?? ''}"</h2>
+<p>Copy it now: it is shown only this once.</p>
+<p class="secret" id="new-token">${token.token ?? ''}</p>
+<button type="button" class="secondary" data-copy="${token.token ?? ''}">Copy</button>
+</section>`;
+
   app.get('/app/tokens', { schema: { hide: true } }, async (request, reply) => {
     const { caller, user } = signedIn(request, 'tokens');
-    const body = await listPage(caller.organizationId, request.em, user);
+    const shown = await ctx.sessions.takeShown(request.dashboard!.sessionId, shownOf(request));
+    const body = await listPage(caller.organizationId, request.em, user, shown ? newToken(shown) : undefined);
     return sendPage(reply, page({ title: 'API tokens', active: 'tokens', user, notice: noticeOf(request) }, body));
   });
 
   app.post('/app/tokens', { schema: { hide: true } }, async (request, reply) => {
-    const { caller, user } = signedIn(request, 'tokens');
+    const { caller } = signedIn(request, 'tokens');
     const input = parseWith(CreateForm, formOf(request));
     // A new token every time: the dashboard never shows an existing secret again.
     const token = await createToken(request.em, services.box, caller, { name: input.name, preset: input.preset, reuseIfExists: false }, services.config.maxTokensPerOrganization);
     await announce(caller.organizationId);
-    const shown = html`<section aria-labelledby="new-token-h">
-<h2 id="new-token-h">Your new token "${token.name}"</h2>
-<p>Copy it now: it is shown only this once.</p>
-<p class="secret" id="new-token">${token.token}</p>
-<button type="button" class="secondary" data-copy="${token.token}">Copy</button>
-</section>`;
-    const body = await listPage(caller.organizationId, request.em, user, shown);
-    return sendPage(reply, page({ title: 'API tokens', active: 'tokens', user, notice: 'Token created.' }, body));
+    // Post, redirect, get: a reload of the page shows the list, and creates no second token.
+    const shown = await ctx.sessions.keepToShow(request.dashboard!.sessionId, { name: token.name, token: token.token });
+    return reply.redirect(`/app/tokens?notice=token_created&shown=${shown}`, 303);
   });
 
   app.post('/app/tokens/:id/revoke', { schema: { hide: true } }, async (request, reply) => {

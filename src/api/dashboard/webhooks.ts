@@ -13,7 +13,7 @@ import {
 } from '../../shared/webhooks/service.js';
 import { CreateWebhookBody } from '../routes/webhooks.js';
 import type { App } from '../types.js';
-import { formOf, noticeOf, optional, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
+import { formOf, noticeOf, optional, parseWith, sendPage, shownOf, signedIn, type DashboardContext } from './context.js';
 import { csrfField, html, isoMinute, page, table, when, type PageUser, type SafeHtml } from './html.js';
 
 /** The page shows this many endpoints and, per endpoint, this many recent deliveries. */
@@ -78,9 +78,18 @@ export async function webhookPages(app: App, ctx: DashboardContext): Promise<voi
     return html`${options.before ?? ''}<h2>Endpoints</h2>${table('Webhook endpoints', ['URL', 'Events', 'State', 'Created', '', ''], rows)}${createForm(user, options.entered)}`;
   }
 
+  /** The signing secret of an endpoint just added, from the form's redirect: shown this once. */
+  const newSecret = (created: Record<string, string>) => html`<section aria-labelledby="new-secret-h">
+<h2 id="new-secret-h">Signing secret of ${created.url ?? ''}</h2>
+<p>Copy it now: it is shown only this once. Check the <code>webhook-signature</code> header of every delivery with it (docs/webhooks.md).</p>
+<p class="secret" id="new-webhook-secret">${created.secret ?? ''}</p>
+<button type="button" class="secondary" data-copy="${created.secret ?? ''}">Copy</button>
+</section>`;
+
   app.get('/app/webhooks', { schema: { hide: true } }, async (request, reply) => {
     const { caller, user } = signedIn(request, 'settings');
-    const body = await listPage(request, caller.organizationId, user);
+    const shown = await ctx.sessions.takeShown(request.dashboard!.sessionId, shownOf(request));
+    const body = await listPage(request, caller.organizationId, user, shown ? { before: newSecret(shown) } : {});
     return sendPage(reply, page({ title: 'Webhooks', active: 'webhooks', user, notice: noticeOf(request) }, body));
   });
 
@@ -100,14 +109,9 @@ export async function webhookPages(app: App, ctx: DashboardContext): Promise<voi
       const body = await listPage(request, caller.organizationId, user, { entered });
       return sendPage(reply, page({ title: 'Webhooks', active: 'webhooks', user, error: error.message }, body), 422);
     }
-    const shown = html`<section aria-labelledby="new-secret-h">
-<h2 id="new-secret-h">Signing secret of ${created.url}</h2>
-<p>Copy it now: it is shown only this once. Check the <code>webhook-signature</code> header of every delivery with it (docs/webhooks.md).</p>
-<p class="secret" id="new-webhook-secret">${created.secret}</p>
-<button type="button" class="secondary" data-copy="${created.secret}">Copy</button>
-</section>`;
-    const body = await listPage(request, caller.organizationId, user, { before: shown });
-    return sendPage(reply, page({ title: 'Webhooks', active: 'webhooks', user, notice: 'Endpoint added.' }, body));
+    // Post, redirect, get: a reload of the page shows the list, and adds no second endpoint.
+    const shown = await ctx.sessions.keepToShow(request.dashboard!.sessionId, { url: created.url, secret: created.secret });
+    return reply.redirect(`/app/webhooks?notice=webhook_created&shown=${shown}`, 303);
   });
 
   app.post('/app/webhooks/:id/delete', { schema: { hide: true } }, async (request, reply) => {
