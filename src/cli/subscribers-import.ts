@@ -22,6 +22,8 @@ export interface ImportSummary {
   created: number;
   updated: number;
   skipped: number;
+  /** Rows of an address already met in the same batch of 2,000, merged into it: rows = created + updated + skipped + merged. */
+  merged: number;
   warnings: number;
   seconds: number;
   rowsPerSecond: number;
@@ -56,7 +58,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     notTTYSchedule: 1_000,
     hideCursor: true,
   });
-  const summary: ImportSummary = { file, organizationId, rows: 0, created: 0, updated: 0, skipped: 0, warnings: 0, seconds: 0, rowsPerSecond: 0 };
+  const summary: ImportSummary = { file, organizationId, rows: 0, created: 0, updated: 0, skipped: 0, merged: 0, warnings: 0, seconds: 0, rowsPerSecond: 0 };
   const problems: string[] = [];
   const started = performance.now();
   try {
@@ -93,6 +95,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
       const result = await importBatch(orm.em.fork(), organizationId, batch, { resubscribe: !values['no-resubscribe'], now: new Date() });
       summary.created += result.created;
       summary.updated += result.updated;
+      summary.merged += result.merged;
       batch = [];
     };
     for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>; info: { lines: number; error?: Error } }>) {
@@ -134,7 +137,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
   } else {
     process.stdout.write(
       `Imported ${file} into ${organizationId}: ${summary.rows} rows in ${summary.seconds} s (${summary.rowsPerSecond} rows/s): ` +
-        `${summary.created} created, ${summary.updated} updated, ${summary.skipped} skipped, ${summary.warnings} warnings.\n`,
+        `${summary.created} created, ${summary.updated} updated, ${summary.skipped} skipped, ${summary.merged} merged into an earlier row of their address, ${summary.warnings} warnings.\n`,
     );
   }
 }

@@ -84,6 +84,8 @@ export function mergeByEmail(rows: readonly ImportRow[]): ImportRow[] {
 export interface BatchResult {
   created: number;
   updated: number;
+  /** Rows of the batch folded into an earlier row of the same address (counted once above). */
+  merged: number;
 }
 
 export async function importBatch(
@@ -93,7 +95,8 @@ export async function importBatch(
   options: { resubscribe: boolean; now: Date },
 ): Promise<BatchResult> {
   const rows = mergeByEmail(batch);
-  if (rows.length === 0) return { created: 0, updated: 0 };
+  const merged = batch.length - rows.length;
+  if (rows.length === 0) return { created: 0, updated: 0, merged };
   const { now } = options;
   return inTransaction(em, async (tx) => {
     const tagNames = cleanTagNames(rows.flatMap((r) => r.tags)).names;
@@ -121,6 +124,6 @@ export async function importBatch(
       await insertTagPairs(tx, pairs, now);
     }
     const created = upserted.filter((r) => r.inserted).length;
-    return { created, updated: upserted.length - created };
+    return { created, updated: upserted.length - created, merged };
   }, { asyncCommit: true });
 }
