@@ -63,4 +63,27 @@ describe('the OpenAPI document (README.md "API overview")', () => {
     expect(doc.paths['/api/v2/campaigns/{campaignId}']!.get!.responses['200']!.content!['application/json']!.schema!.$ref).toBe('#/components/schemas/Campaign');
     expect(doc.paths['/api/v2/emails']!.post!.responses['422']).toBeDefined();
   });
+
+  it("says each route's permission, the name of its 403, and its 400s as the spec names them", () => {
+    type Op = { description?: string; responses: Record<string, { description?: string }> };
+    const op = (path: string, method: string) => (doc.paths[path] as unknown as Record<string, Op>)[method]!;
+    const send = op('/api/v2/campaigns/{campaignId}/send', 'post');
+    expect(send.description).toContain('Permission: `send`.');
+    expect(send.responses['400']!.description).toMatch(/^validation_error/);
+    expect(send.responses['403']!.description).toMatch(/^missing_permission/);
+    // Spec 4.12 and 4.13: the two email reads answer 403 validation_error.
+    expect(op('/api/v2/emails', 'get').responses['403']!.description).toMatch(/^validation_error/);
+    expect(op('/api/v2/emails/{id}', 'get').responses['403']!.description).toMatch(/^validation_error/);
+    const events = op('/api/v2/events', 'post');
+    expect(events.responses['404']).toBeDefined();
+    expect(events.responses['400']!.description).toMatch(/^validation_error/);
+  });
+
+  it('takes a recipient as a string or a list, as the API does', () => {
+    const body = (doc.paths['/api/v2/emails'] as unknown as Record<string, { requestBody: { content: Record<string, { schema: { properties: Record<string, { anyOf?: Array<{ type?: string }> }> } }> } }>).post!
+      .requestBody.content['application/json']!.schema;
+    for (const field of ['to', 'cc', 'bcc', 'reply_to']) {
+      expect(body.properties[field]!.anyOf?.map((s) => s.type), field).toEqual(['string', 'array']);
+    }
+  });
 });

@@ -117,7 +117,18 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
       components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'An API token: svc_ + 64 hex' } } },
       security: [{ bearer: [] }],
     },
-    transform: jsonSchemaTransform,
+    // What a route's config says that its schema cannot: its permission, the name of its 403
+    // and the status of its validation errors (read by finishOpenApi).
+    transform: (input) => {
+      const out = jsonSchemaTransform(input);
+      const config = (input.route.config ?? {}) as { permission?: string; permissionErrorName?: string; validationStatus?: number };
+      const marks = {
+        ...(config.permission ? { 'x-permission': config.permission } : {}),
+        ...(config.permissionErrorName ? { 'x-permission-error': config.permissionErrorName } : {}),
+        ...(config.validationStatus ? { 'x-validation-status': config.validationStatus } : {}),
+      };
+      return { ...out, schema: { ...out.schema, ...marks } };
+    },
     // Shared schemas (zod `.meta({ id })`) into components, then what every operation shares.
     transformObject: (input) => finishOpenApi(jsonSchemaTransformObject(input)),
   });

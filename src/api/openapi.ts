@@ -51,6 +51,8 @@ const ERROR_TEXT: Record<string, string> = {
 /** Error answers a route gives beyond what its shape implies, by "METHOD path". */
 const EXTRA_ERRORS: Record<string, string[]> = {
   'DELETE /api/v2/subscribers/{subscriber}': ['405'],
+  // An unknown subscriber, named in the body (spec 4.17).
+  'POST /api/v2/events': ['404'],
   'POST /api/v2/emails': ['409'],
   'POST /api/v2/emails/batch': ['409'],
 };
@@ -70,9 +72,9 @@ function operationIdOf(method: string, path: string): string {
   return [method, ...words].map((w, i) => (i === 0 ? w.toLowerCase() : w[0]!.toUpperCase() + w.slice(1))).join('');
 }
 
-function errorResponse(status: string): Json {
+function errorResponse(status: string, description = ERROR_TEXT[status]): Json {
   return {
-    description: ERROR_TEXT[status] ?? 'Error',
+    description: description ?? 'Error',
     content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } },
   };
 }
@@ -122,8 +124,25 @@ export function finishOpenApi<T extends object>(document: T): T {
       if (parameters.some((p) => p.in === 'query')) statuses.add('422');
       if (operation.requestBody) ['400', '413', '415', '422'].forEach((s) => statuses.add(s));
       if (statuses.size === 0 && !relays) statuses.add('404');
+      // The route's own config (app.ts transform): its permission, the name of its 403, and
+      // the status of its validation errors (400 on the routes the spec says so).
+      const permission = operation['x-permission'] as string | undefined;
+      const forbidden = (operation['x-permission-error'] as string | undefined) ?? 'missing_permission';
+      const invalid = operation['x-validation-status'] === 400 ? '400' : '422';
+      delete operation['x-permission-error'];
+      delete operation['x-validation-status'];
+      if (permission) {
+        const needs = `Permission: \`${permission}\`.`;
+        operation.description = operation.description ? `${operation.description as string}\n\n${needs}` : needs;
+      }
+      const described: Record<string, string> = {
+        '403': `${forbidden}: the token lacks the \`${permission ?? 'needed'}\` permission`,
+        ...(invalid === '400'
+          ? { '400': 'validation_error: the request is not valid (details name each problem); invalid_json: the body is not valid JSON' }
+          : {}),
+      };
       for (const status of [...statuses].sort()) {
-        if (!relays && !(status in responses)) responses[status] = errorResponse(status);
+        if (!relays && !(status in responses)) responses[status] = errorResponse(status, described[status]);
       }
       if (relays) responses['4XX'] = { ...errorResponse('422'), description: 'The error answer of the called endpoint' };
     }

@@ -23,8 +23,13 @@ const mailbox = z
   })
   .transform((value) => value.trim());
 
+// A union member of its own, described: the OpenAPI generator drops a union member whose
+// schema is still empty when it looks (a reused schema is filled in later), and the string
+// form of an address list vanished from the document.
+const oneMailbox = mailbox.describe('One address: addr or "Name <addr>"');
+
 const mailboxList = z
-  .union([mailbox, z.array(mailbox).max(MAX_LIST, `at most ${MAX_LIST} addresses`)])
+  .union([oneMailbox, z.array(mailbox).max(MAX_LIST, `at most ${MAX_LIST} addresses`)])
   .transform((value) => (Array.isArray(value) ? value : [value]));
 
 const tagPart = z.string().regex(/^[A-Za-z0-9_-]{1,256}$/, 'must be 1 to 256 ASCII letters, digits, _ or -');
@@ -37,7 +42,7 @@ export const SendEmailBody = z
     from: mailbox.describe('Sender: addr or "Name <addr>"'),
     to: z
       .union([
-        mailbox,
+        oneMailbox,
         z.array(mailbox).length(1, { error: (issue) => `must be a single address, got ${Array.isArray(issue.input) ? issue.input.length : 'none'} (send one email per recipient, or use cc/bcc)` }),
       ])
       .transform((value) => (Array.isArray(value) ? value[0]! : value))
