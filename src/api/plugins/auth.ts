@@ -39,19 +39,24 @@ export async function authenticate(services: Services, cache: TokenCache, reques
   return caller;
 }
 
-export async function rateLimit(limiter: WindowRateLimiter, caller: Caller, reply: FastifyReply): Promise<void> {
-  const decision = await limiter.take(caller.tokenId);
+type LimitDecision = Awaited<ReturnType<WindowRateLimiter['take']>>;
+
+function setLimitHeaders(reply: FastifyReply, decision: LimitDecision): void {
   void reply.header('RateLimit-Limit', String(decision.limit));
   void reply.header('RateLimit-Remaining', String(decision.remaining));
   void reply.header('RateLimit-Reset', String(decision.resetSeconds));
-  if (!decision.allowed) {
-    void reply.header('Retry-After', String(decision.resetSeconds));
-    throw new AppError(
-      429,
-      'rate_limit_exceeded',
-      `More than ${decision.limit} requests a second with this token; retry after ${decision.resetSeconds} s`,
-    );
-  }
+}
+
+/** The 429 of a limit that refused the request: Retry-After, and its message naming whose limit. */
+function refuse(reply: FastifyReply, decision: LimitDecision, whose: string): AppError {
+  void reply.header('Retry-After', String(decision.resetSeconds));
+  return new AppError(429, 'rate_limit_exceeded', `More than ${decision.limit} requests a second ${whose}; retry after ${decision.resetSeconds} s`);
+}
+
+export async function rateLimit(limiter: WindowRateLimiter, caller: Caller, reply: FastifyReply): Promise<void> {
+  const decision = await limiter.take(caller.tokenId);
+  setLimitHeaders(reply, decision);
+  if (!decision.allowed) throw refuse(reply, decision, 'with this token');
 }
 
 /**
@@ -65,15 +70,8 @@ export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, 
   const decision = await services.orgLimiter.take(caller.organizationId);
   if (decision.allowed) return;
   // Refused by this limit: the RateLimit-* headers are the organization's (the binding one).
-  void reply.header('RateLimit-Limit', String(decision.limit));
-  void reply.header('RateLimit-Remaining', String(decision.remaining));
-  void reply.header('RateLimit-Reset', String(decision.resetSeconds));
-  void reply.header('Retry-After', String(decision.resetSeconds));
-  throw new AppError(
-    429,
-    'rate_limit_exceeded',
-    `More than ${decision.limit} requests a second for this organization; retry after ${decision.resetSeconds} s`,
-  );
+  setLimitHeaders(reply, decision);
+  throw refuse(reply, decision, 'for this organization');
 }
 
 /** onRequest hook of every authenticated scope: token, then rate limits, then permission. */
