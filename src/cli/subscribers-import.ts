@@ -66,8 +66,10 @@ export async function subscribersImport(config: Config, args: string[], usage: (
 
     let missingEmail = false;
     let headerLength = 0;
-    const open = () =>
-      createReadStream(file).pipe(
+    const open = (onChunk?: (chunk: Buffer) => void) => {
+      const input = createReadStream(file);
+      if (onChunk) input.on('data', (chunk) => onChunk(chunk as Buffer));
+      return input.pipe(
         parse(
           importCsvOptions((columns) => {
             if (!columns.includes('email')) missingEmail = true;
@@ -76,16 +78,19 @@ export async function subscribersImport(config: Config, args: string[], usage: (
           }),
         ),
       );
-    // A first pass that only parses: a broken file (an unclosed quote, say) is refused with
-    // one line naming the problem before anything is imported. Parsing is a small part of
-    // an import's cost (bench/README.md).
-    await assertUtf8(file);
+    };
+    // A first pass that only parses, its bytes checked as they go: a file that is not UTF-8 or
+    // is broken (an unclosed quote, say) is refused with one line naming the problem before
+    // anything is imported. Parsing is a small part of an import's cost (bench/README.md).
+    const utf8 = utf8Check(file);
     try {
-      for await (const _ of open()) if (missingEmail) break;
+      for await (const _ of open((chunk) => utf8.feed(chunk))) if (missingEmail) break;
     } catch (error) {
-      throw brokenFile(file, error);
+      throw utf8.problem() ?? brokenFile(file, error);
     }
     if (missingEmail) throw new AppError(422, 'invalid_csv', `${file} has no email column (its first line must name the columns); nothing was imported`);
+    const notUtf8 = utf8.problem(true);
+    if (notUtf8) throw notUtf8;
 
     const parser = open();
     bar.start(size, 0, { rows: 0, rate: 0 });
@@ -143,37 +148,52 @@ export async function subscribersImport(config: Config, args: string[], usage: (
 }
 
 /**
- * Refuses a file that is neither UTF-8 nor UTF-16 with its byte-order mark (a Latin-1 export,
- * say): read as UTF-8, its accented letters would be stored as replacement characters.
+ * Checks the bytes of a pass over the file: UTF-8, or UTF-16 with its byte-order mark (which
+ * the CSV parser reads as such). Anything else (a Latin-1 export, say) would be stored with
+ * replacement characters for its accented letters: `problem()` is then the refusal, naming
+ * the line of the first byte that is not UTF-8.
  */
-async function assertUtf8(file: string): Promise<void> {
+function utf8Check(file: string) {
   const decoder = new TextDecoder('utf-8', { fatal: true });
-  let first = true;
+  let started = false;
+  let utf16 = false;
   let line = 1;
+  let found: AppError | undefined;
   const refuse = (chunk?: Buffer) => {
-    // The line of the first byte that is not UTF-8: the text before it, read leniently.
+    // The text before the first bad byte, read leniently, says which line it is on.
     const text = chunk ? new TextDecoder('utf-8').decode(chunk) : '';
     const bad = text.indexOf('\uFFFD');
     if (bad > 0) line += text.slice(0, bad).split('\n').length - 1;
-    return new AppError(422, 'invalid_csv', `${file} is not UTF-8 (near line ${line}): save it as UTF-8 and import it again; nothing was imported`);
+    found = new AppError(422, 'invalid_csv', `${file} is not UTF-8 (near line ${line}): save it as UTF-8 and import it again; nothing was imported`);
   };
-  for await (const chunk of createReadStream(file) as AsyncIterable<Buffer>) {
-    // UTF-16 with its byte-order mark is read as such by the CSV parser.
-    if (first && chunk.length >= 2 && ((chunk[0] === 0xff && chunk[1] === 0xfe) || (chunk[0] === 0xfe && chunk[1] === 0xff))) return;
-    first = false;
-    let text: string;
-    try {
-      text = decoder.decode(chunk, { stream: true });
-    } catch {
-      throw refuse(chunk);
-    }
-    line += text.split('\n').length - 1;
-  }
-  try {
-    decoder.decode();
-  } catch {
-    throw refuse();
-  }
+  return {
+    feed(chunk: Buffer): void {
+      if (found || utf16) return;
+      if (!started) {
+        started = true;
+        utf16 = chunk.length >= 2 && ((chunk[0] === 0xff && chunk[1] === 0xfe) || (chunk[0] === 0xfe && chunk[1] === 0xff));
+        if (utf16) return;
+      }
+      try {
+        decoder.decode(chunk, { stream: true });
+      } catch {
+        refuse(chunk);
+        return;
+      }
+      for (let at = chunk.indexOf(10); at !== -1; at = chunk.indexOf(10, at + 1)) line++;
+    },
+    /** The refusal, if a byte fed so far (`ended`: and the file's end) is not UTF-8. */
+    problem(ended = false): AppError | undefined {
+      if (ended && !found && !utf16) {
+        try {
+          decoder.decode();
+        } catch {
+          refuse();
+        }
+      }
+      return found;
+    },
+  };
 }
 
 /** A file csv-parse cannot read, as one line: `FILE: Quote Not Closed: … at line 6`. */
