@@ -25,7 +25,7 @@ export interface DashboardContext {
 }
 
 /** The signed-in person, as the API's services see a caller (organization and permissions). */
-export function signedIn(request: FastifyRequest, permission?: Permission): { caller: Caller; user: PageUser; session: Session } {
+export function signedIn(request: FastifyRequest, permission?: Permission): NonNullable<FastifyRequest['dashboard']> {
   const current = request.dashboard;
   if (!current) throw new PermissionError('Sign in first');
   // The same check as the API's auth hook. A dashboard user holds every permission of

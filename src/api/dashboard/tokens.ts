@@ -49,20 +49,20 @@ export async function tokenPages(app: App, ctx: DashboardContext): Promise<void>
 </section>`;
 
   app.get('/app/tokens', { schema: { hide: true } }, async (request, reply) => {
-    const { caller, user } = signedIn(request, 'tokens');
-    const shown = await ctx.sessions.takeShown(request.dashboard!.sessionId, shownOf(request));
+    const { caller, user, sessionId } = signedIn(request, 'tokens');
+    const shown = await ctx.sessions.takeShown(sessionId, shownOf(request));
     const body = await listPage(caller.organizationId, request.em, user, shown ? newToken(shown) : undefined);
     return sendPage(reply, page({ title: 'API tokens', active: 'tokens', user, notice: noticeOf(request) }, body));
   });
 
   app.post('/app/tokens', { schema: { hide: true } }, async (request, reply) => {
-    const { caller } = signedIn(request, 'tokens');
+    const { caller, sessionId } = signedIn(request, 'tokens');
     const input = parseWith(CreateForm, formOf(request));
     // A new token every time: the dashboard never shows an existing secret again.
     const token = await createToken(request.em, services.box, caller, { name: input.name, preset: input.preset, reuseIfExists: false }, services.config.maxTokensPerOrganization);
     await announce(caller.organizationId);
     // Post, redirect, get: a reload of the page shows the list, and creates no second token.
-    const shown = await ctx.sessions.keepToShow(request.dashboard!.sessionId, { name: token.name, token: token.token });
+    const shown = await ctx.sessions.keepToShow(sessionId, { name: token.name, token: token.token });
     return reply.redirect(`/app/tokens?notice=token_created&shown=${shown}`, 303);
   });
 

@@ -87,14 +87,14 @@ export async function webhookPages(app: App, ctx: DashboardContext): Promise<voi
 </section>`;
 
   app.get('/app/webhooks', { schema: { hide: true } }, async (request, reply) => {
-    const { caller, user } = signedIn(request, 'settings');
-    const shown = await ctx.sessions.takeShown(request.dashboard!.sessionId, shownOf(request));
+    const { caller, user, sessionId } = signedIn(request, 'settings');
+    const shown = await ctx.sessions.takeShown(sessionId, shownOf(request));
     const body = await listPage(request, caller.organizationId, user, shown ? { before: newSecret(shown) } : {});
     return sendPage(reply, page({ title: 'Webhooks', active: 'webhooks', user, notice: noticeOf(request) }, body));
   });
 
   app.post('/app/webhooks', { schema: { hide: true } }, async (request, reply) => {
-    const { caller, user } = signedIn(request, 'settings');
+    const { caller, user, sessionId } = signedIn(request, 'settings');
     const form = formOf(request);
     const entered: Entered = { url: form.url ?? '', events: allOf(request, 'events'), description: optional(form.description) };
     let created;
@@ -110,7 +110,7 @@ export async function webhookPages(app: App, ctx: DashboardContext): Promise<voi
       return sendPage(reply, page({ title: 'Webhooks', active: 'webhooks', user, error: error.message }, body), 422);
     }
     // Post, redirect, get: a reload of the page shows the list, and adds no second endpoint.
-    const shown = await ctx.sessions.keepToShow(request.dashboard!.sessionId, { url: created.url, secret: created.secret });
+    const shown = await ctx.sessions.keepToShow(sessionId, { url: created.url, secret: created.secret });
     return reply.redirect(`/app/webhooks?notice=webhook_created&shown=${shown}`, 303);
   });
 
