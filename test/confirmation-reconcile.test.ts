@@ -131,6 +131,23 @@ describe('double opt-in: a confirmation whose job is lost after the commit', () 
     expect(await confirmationJobsOf(ctx, first.subscriber.id)).toHaveLength(2);
   });
 
+  it('sends one email when the address changes before the first job runs: the older job leaves it to the newer', async () => {
+    // The first write's job is not queued (Redis down), so it runs only after the change.
+    const down = { em: ctx.services.orm.em.fork(), producer: producerWithRedisDown(), clock: () => new Date() };
+    await expect(createSubscriber(down, organizationId, { email: 'first@exmaple.com' })).rejects.toThrow(/closed/);
+    const [subscriber] = await sql<{ id: string }>('select id from subscribers where email = ?', ['first@exmaple.com']);
+    const [first] = await sql<{ created_at: Date }>('select created_at from subscriber_confirmations where subscriber_id = ?', [subscriber!.id]);
+    const up = { em: ctx.services.orm.em.fork(), producer: ctx.services.producer, clock: () => new Date(Date.now() + 5) };
+    await patchSubscriber(up, organizationId, subscriber!.id, { email: 'second@example.com' });
+    const newer = await finishedConfirmation(ctx, subscriber!.id);
+    expect((newer.returnvalue as { message: { to: string } }).message.to).toBe('second@example.com');
+    // The first record's job, late.
+    const late = confirmationJobId(subscriber!.id, new Date(first!.created_at).getTime());
+    await ctx.services.producer.add('subscribers', { name: 'send-confirmation', data: { subscriberId: subscriber!.id, owedSince: new Date(first!.created_at).getTime() }, jobId: late });
+    expect((await finishedJob(late))!.returnvalue).toEqual({ skipped: true });
+    expect(await sql('select id from emails where subscriber_id = ?', [subscriber!.id])).toHaveLength(1);
+  });
+
   it('is owed only until its job has run when Redis is up', async () => {
     const deps = { em: ctx.services.orm.em.fork(), producer: ctx.services.producer, clock: () => new Date() };
     const { subscriber } = await createSubscriber(deps, organizationId, { email: 'fine@example.com' });

@@ -126,7 +126,7 @@ describe('double opt-in confirmation (docs/audience.md "Double opt-in")', () => 
 
   it('the job skips a subscriber that is no longer pending', async () => {
     const s = (await api('POST', '/subscribers', { email: 'quick@example.com', skipDoubleOptIn: true })).json();
-    await ctx.services.producer.add('subscribers', { name: 'send-confirmation', data: { subscriberId: s.id }, jobId: `manual-${s.id}` });
+    await ctx.services.producer.add('subscribers', { name: 'send-confirmation', data: { subscriberId: s.id, owedSince: Date.now() }, jobId: `manual-${s.id}` });
     const job = await finishedJob(`manual-${s.id}`);
     expect(job?.returnvalue).toEqual({ skipped: true });
   });

@@ -108,8 +108,11 @@ async function reconcileConfirmations(ctx: JobContext): Promise<number> {
 export const subscribersProcessor = defineProcessor({
   queue: 'subscribers',
   handlers: {
-    // Idempotent: a subscriber no longer pending (confirmed, unsubscribed, gone) gets nothing.
-    // Either way the confirmation is no longer owed once this returns.
+    // Idempotent: a subscriber no longer pending (confirmed, unsubscribed, gone) gets nothing,
+    // and the confirmation is no longer owed. Only the job of the confirmation owed now sends:
+    // one whose record a later write replaced (the address changed, or the subscriber became
+    // pending again, before it ran) leaves the email to the later record's job, or the
+    // subscriber would get two; one whose record is gone has handed its email over already.
     'send-confirmation': async ({ subscriberId, owedSince }, ctx) => {
       const started = ctx.services.clock();
       const subscriber = await selectSubscriberWithOrganization(ctx.em, subscriberId);
@@ -117,6 +120,7 @@ export const subscribersProcessor = defineProcessor({
         await deleteConfirmationDue(ctx.em, subscriberId, started);
         return { skipped: true };
       }
+      if (subscriber.owed_since?.getTime() !== owedSince) return { skipped: true };
       const url = confirmationUrl(ctx.services.config.publicUrl, confirmationToken(ctx.services.signer, subscriber));
       const email = buildConfirmationEmail({
         organization: { name: subscriber.organization_name },
@@ -131,8 +135,9 @@ export const subscribersProcessor = defineProcessor({
       };
       const from = await confirmationFrom(ctx, subscriber.organization_id, subscriber.organization_name);
       const { handedOff, emailId } = await handOffConfirmationEmail(ctx, { ...message, from, key: confirmationJobId(subscriberId, owedSince) });
-      // The email row is committed: from here the emails reconciler protects it.
-      await deleteConfirmationDue(ctx.em, subscriberId, started);
+      // The email row is committed: from here the emails reconciler protects it. Only this
+      // record: a later one (written meanwhile) keeps its own job.
+      await deleteConfirmationDue(ctx.em, subscriberId, new Date(owedSince));
       return { skipped: false, handedOff, emailId, message };
     },
     reconcile: async (_payload, ctx) => {

@@ -19,8 +19,8 @@ export const queueRegistry = {
   },
   subscribers: {
     // Double opt-in: build the confirmation email of a PENDING_CONFIRMATION subscriber.
-    // owedSince: the confirmation record's time (ms); absent in jobs queued before it was part of the id.
-    'send-confirmation': z.object({ subscriberId: z.string(), owedSince: z.number().int().optional() }),
+    // owedSince: the confirmation record's time (ms), which names the job.
+    'send-confirmation': z.object({ subscriberId: z.string(), owedSince: z.number().int() }),
     // Scheduled: re-enqueue the confirmations still owed whose job Redis lost.
     reconcile: z.object({}),
   },

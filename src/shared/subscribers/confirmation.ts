@@ -31,9 +31,8 @@ export function confirmationJob(subscriberId: string, owedSince: Date) {
 }
 
 /** The job id of a confirmation record, and the idempotency key of its email. */
-export function confirmationJobId(subscriberId: string, owedSince: number | undefined): string {
-  // Jobs queued before the record's time was part of the id carry none.
-  return owedSince === undefined ? `confirm-${subscriberId}` : `confirm-${subscriberId}-${owedSince}`;
+export function confirmationJobId(subscriberId: string, owedSince: number): string {
+  return `confirm-${subscriberId}-${owedSince}`;
 }
 
 export function confirmationUrl(publicUrl: string, token: string): string {

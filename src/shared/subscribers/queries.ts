@@ -373,13 +373,23 @@ export async function markConfirmed(
   return confirmed;
 }
 
-/** The subscriber a `send-confirmation` job is about, with its organization's name. */
-export async function selectSubscriberWithOrganization(em: Execute, id: string): Promise<(SubscriberRow & { organization_name: string }) | undefined> {
+/**
+ * The subscriber a `send-confirmation` job is about, with its organization's name and the time
+ * of the confirmation it owes now (null when none is owed).
+ */
+export async function selectSubscriberWithOrganization(
+  em: Execute,
+  id: string,
+): Promise<(SubscriberRow & { organization_name: string; owed_since: Date | null }) | undefined> {
   const found = (await em.execute(
-    `select s.*, o.name as organization_name from subscribers s join organizations o on o.id = s.organization_id where s.id = ?`,
+    `select s.*, o.name as organization_name, c.created_at as owed_since
+       from subscribers s join organizations o on o.id = s.organization_id
+       left join subscriber_confirmations c on c.subscriber_id = s.id
+      where s.id = ?`,
     [id],
-  )) as Array<SubscriberRow & { organization_name: string }>;
-  return found[0];
+  )) as Array<SubscriberRow & { organization_name: string; owed_since: Date | string | null }>;
+  const row = found[0];
+  return row && { ...row, owed_since: row.owed_since === null ? null : new Date(row.owed_since) };
 }
 
 /** The organization's senders, oldest first (the candidates for the confirmation's From). */
