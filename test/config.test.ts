@@ -18,6 +18,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
     expect(config).toMatchObject({
       nodeEnv: 'development',
       databaseUrl: 'postgres://postgres@127.0.0.1:5432/mailroom',
+      databasePreparedStatements: true,
       redisUrl: 'redis://127.0.0.1:6379',
       redisPrefix: '{mailroom}',
       host: '127.0.0.1',
@@ -222,6 +223,8 @@ describe('an invalid variable is named', () => {
     ['HEAP_GROWING_PERCENT', '-1'],
     ['HEAP_GROWING_PERCENT', '1.5'],
     ['HEAP_GROWING_PERCENT', 'lots'],
+    ['INBOUND_MAX_MESSAGE_BYTES', String(50 * 1024 * 1024 + 1)],
+    ['DATABASE_PREPARED_STATEMENTS', 'maybe'],
     ['WORKER_METRICS_PORT', '123456'],
     ['ALLOW_UNVERIFIED_DOMAINS', 'maybe'],
     ['LOG_LEVEL', 'loud'],

@@ -134,7 +134,9 @@ const envSchema = z
     // of PUBLIC_URL).
     INBOUND_SMTP_HOST: z.string().min(1).default('127.0.0.1'),
     INBOUND_SMTP_PORT: z.coerce.number().int().min(0).max(65535).default(2525),
-    INBOUND_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).default(10 * 1024 * 1024),
+    // At most 50 MiB: a report is stored once per recipient (up to 10) in one statement, which
+    // PostgreSQL caps at 1 GB; a bigger one would be answered 451 at every try and never stored.
+    INBOUND_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).max(50 * 1024 * 1024, 'at most 52428800 (50 MiB)').default(10 * 1024 * 1024),
     // A message is held in memory until stored: connections x size bounds the memory used.
     INBOUND_MAX_CONNECTIONS: z.coerce.number().int().positive().default(50),
     // PEM paths: with both, the inbound listener offers STARTTLS; without, it does not.

@@ -31,7 +31,8 @@ function insertText(rows: number): string {
   return `insert into inbound_reports (id, email_id, mail_from, rcpt_to, raw, size, received_at) values ${tuples.join(', ')}`;
 }
 // Made once: db/sql.ts keeps the numbered form of a text it has seen.
-const PREPARED_TEXTS = Array.from({ length: MAX_PREPARED_ROWS + 1 }, (_, rows) => insertText(rows));
+// Index n holds the text of n rows (index 0 unused: a group has a report at least).
+const PREPARED_TEXTS = Array.from({ length: MAX_PREPARED_ROWS + 1 }, (_, rows) => (rows === 0 ? '' : insertText(rows)));
 
 /**
  * The reports of one group commit in one statement (its own implicit transaction, durable

@@ -121,8 +121,9 @@ export async function inTransaction<T>(em: EntityManager, work: (sql: Sql) => Pr
 export function sqlOf(em: EntityManager): Sql {
   return {
     async query<R>(text: string, values: readonly unknown[] = [], name?: string) {
-      const statement = em.getConnection().getKnex().raw(text, values as never[]);
-      if (name) statement.options({ name });
+      const knex = em.getConnection().getKnex();
+      const statement = knex.raw(text, values as never[]);
+      if (name && namesStatements(knex.client)) statement.options({ name });
       const trx = em.getTransactionContext<Knex.Transaction>();
       return ((await (trx ? statement.transacting(trx) : statement)) as { rows: R[] }).rows;
     },
