@@ -87,6 +87,22 @@ async function startMain(): Promise<{ proc: ServiceProcess; port: number }> {
   return { proc, port: Number(match[1]) };
 }
 
+describe('a stop that never finishes (docs: "a stop still unfinished after 25 s exits 1")', () => {
+  it('exits 1 at the deadline, saying so', async () => {
+    const proc = runService('test/fixtures/stuck-stop.ts', [], { LOG_LEVEL: 'info' });
+    try {
+      await proc.waitFor(/ready/);
+      const signalled = Date.now();
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited).toBe(1);
+      expect(Date.now() - signalled).toBeLessThan(10_000);
+      expect(proc.stdout()).toMatch(/shutdown did not finish in time/);
+    } finally {
+      proc.kill();
+    }
+  });
+});
+
 describe('npm start (src/main.ts)', () => {
   it('with Redis unreachable, answers 503 on /readyz while its workers wait, and exits on SIGTERM', async () => {
     // A port where nothing listens.

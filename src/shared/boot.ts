@@ -55,7 +55,8 @@ export interface Shutdown {
  * PostgreSQL or Redis that is gone): what it leaves behind is what a killed process leaves,
  * which the reconcilers recover (docs/operations.md "Killing a process").
  */
-export function handleShutdown(logger: Logger): Shutdown {
+export function handleShutdown(logger: Logger, options: { deadlineMs?: number } = {}): Shutdown {
+  const deadlineMs = options.deadlineMs ?? SHUTDOWN_DEADLINE_MS;
   let stopping = false;
   let requested: NodeJS.Signals | undefined;
   let stopFn: (() => Promise<void>) | undefined;
@@ -78,9 +79,9 @@ export function handleShutdown(logger: Logger): Shutdown {
     // From the first signal, whether the process has finished starting or not (one that
     // waits for Redis may never finish).
     setTimeout(() => {
-      logger.error({ deadlineMs: SHUTDOWN_DEADLINE_MS }, 'shutdown did not finish in time: exiting now');
+      logger.error({ deadlineMs }, 'shutdown did not finish in time: exiting now');
       process.exit(1);
-    }, SHUTDOWN_DEADLINE_MS).unref();
+    }, deadlineMs).unref();
     if (stopFn) run(signal, stopFn);
     else {
       requested = signal;
