@@ -84,16 +84,60 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
       send({ ...base, to, subject: 'another body' }, { 'idempotency-key': 'rep-1' }),
       send({ ...base, to }),
     ]);
-    // The first written is 200; a repeat in the same group, or waiting on its key, is 409; a
-    // repeat in a later group (the first committed) gets its id again.
-    const repeats = results.slice(0, 3);
-    expect(repeats.every((r) => r.statusCode === 200 || r.statusCode === 409)).toBe(true);
-    expect(repeats.filter((r) => r.statusCode === 409).length).toBeGreaterThanOrEqual(1);
-    expect(new Set(repeats.filter((r) => r.statusCode === 200).map((r) => r.json().id)).size).toBe(1);
-    expect(results[3]!.statusCode).toBe(409);
-    expect(results[3]!.json()).toMatchObject({ name: 'idempotency_conflict' });
+    // Whichever keyed request is written first wins (arrival order is not the array's): it is
+    // 200; a repeat in the same group, or waiting on its key, is 409; one in a later group
+    // (the first committed) gets its id again; the other body is 409 whenever it did not win.
+    const keyed = results.slice(0, 4);
+    expect(keyed.every((r) => r.statusCode === 200 || r.statusCode === 409)).toBe(true);
+    expect(keyed.filter((r) => r.statusCode === 409).length).toBeGreaterThanOrEqual(1);
+    const answered = keyed.filter((r) => r.statusCode === 200);
+    expect(new Set(answered.map((r) => r.json().id)).size).toBe(1);
+    // The 200s are all of one body: the other body was refused.
+    expect(new Set(answered.map((r) => r === results[3]))).toHaveProperty('size', 1);
+    for (const r of keyed.filter((r) => r.statusCode === 409)) expect(r.json()).toMatchObject({ name: 'idempotency_conflict' });
     expect(results[4]!.statusCode).toBe(200);
     expect(await rowsTo(to)).toHaveLength(2);
+  });
+
+  it('answers repeats of a committed key in one group as the key answers: its ids, or 409 for another body', async () => {
+    const to = 'committed-repeat@example.com';
+    const input: NewEmail = { organizationId, from: base.from, to, subject: 'once', contentKind: 'html', content: base.html };
+    const hash = requestHash('POST /emails', { ...base, to });
+    const [first] = await acceptRequests(ctx.services.orm.em.fork(), [{ emails: [input], idempotency: { key: 'done-1', requestHash: hash } }]);
+    expect(first).toMatchObject({ ok: { replayed: false } });
+    const ids = (first as { ok: { ids: string[] } }).ok.ids;
+    const later = await acceptRequests(ctx.services.orm.em.fork(), [
+      { emails: [input], idempotency: { key: 'done-1', requestHash: hash } },
+      { emails: [input], idempotency: { key: 'done-1', requestHash: hash } },
+      { emails: [{ ...input, subject: 'other' }], idempotency: { key: 'done-1', requestHash: 'another hash' } },
+    ]);
+    expect(later[0]).toEqual({ ok: { ids, replayed: true } });
+    expect(later[1]).toEqual({ ok: { ids, replayed: true } });
+    expect(later[2]).toMatchObject({ error: { statusCode: 409, errorName: 'idempotency_conflict' } });
+    expect((later[2] as { error: Error }).error.message).toMatch(/different request body/);
+    expect(await rowsTo(to)).toHaveLength(1);
+  });
+
+  it('writes the unkeyed requests of a group together again when a keyed one is held', async () => {
+    const to = 'split@example.com';
+    const input: NewEmail = { organizationId, from: base.from, to, subject: 'split', contentKind: 'html', content: base.html };
+    const hash = requestHash('POST /emails', { ...base, to });
+    const holder = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
+    await holder.connect();
+    try {
+      await holder.query('begin');
+      await holder.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, 'held-2', $2, '{}')`, [organizationId, hash]);
+      const results = await acceptRequests(ctx.services.orm.em.fork(), [
+        { emails: [input], idempotency: { key: 'held-2', requestHash: hash } },
+        ...Array.from({ length: 5 }, (_, i) => ({ emails: [{ ...input, subject: `free ${i}` }] })),
+      ]);
+      expect(results[0]).toMatchObject({ error: { statusCode: 409 } });
+      expect(results.slice(1).every((r) => 'ok' in r)).toBe(true);
+      expect(await rowsTo(to)).toHaveLength(5);
+    } finally {
+      await holder.query('rollback');
+      await holder.end();
+    }
   });
 
   it('fails only the request whose key another request holds, not the others written with it', async () => {

@@ -66,44 +66,59 @@ const scope = (organizationId: string, key: string) => `${organizationId}\n${key
 /**
  * Writes the requests together: one statement (two when a key was used before), one
  * commit. Each request gets its own answer; a request's failure (a key still held by a
- * running request past its wait) does not fail the others: when the shared statement
- * fails, every request is written again on its own, so each gets its own result.
+ * running request past its wait) does not fail the others (see writeOrSplit).
  */
 export async function acceptRequests(em: EntityManager, requests: AcceptRequest[]): Promise<AcceptResult[]> {
-  // The same key twice in one group: the later requests arrived while the first runs, which
-  // is 409 (contract 4), as it is for a request of another group waiting on the key's lock.
-  const seen = new Set<string>();
+  // The same key twice in one group: only the first is written. A repeat gets the first's
+  // answer when that was an earlier, committed request's (the same ids, or 409 for another
+  // body); when the first is writing it now, the repeat arrived while it runs: 409 (contract 4).
+  const firstOf = new Map<string, number>();
   const now: number[] = [];
-  const results = new Array<AcceptResult>(requests.length);
+  const repeats: Array<{ i: number; first: number }> = [];
   requests.forEach((r, i) => {
     const key = r.idempotency && scope(r.emails[0]!.organizationId, r.idempotency.key);
-    if (key && seen.has(key)) results[i] = { error: new ConflictError('idempotency_conflict', STILL_RUNNING) };
+    const first = key === undefined ? undefined : firstOf.get(key);
+    if (first !== undefined) repeats.push({ i, first });
     else {
-      if (key) seen.add(key);
+      if (key) firstOf.set(key, i);
       now.push(i);
     }
   });
-  const first = await writeOrSplit(em, now.map((i) => requests[i]!));
-  now.forEach((i, n) => (results[i] = first[n]!));
+  const results = new Array<AcceptResult>(requests.length);
+  const written = await writeOrSplit(em, now.map((i) => requests[i]!));
+  now.forEach((i, n) => (results[i] = written[n]!));
+  for (const { i, first } of repeats) {
+    const answer = results[first]!;
+    const earlier = 'ok' in answer && answer.ok.replayed;
+    if (!earlier) results[i] = { error: new ConflictError('idempotency_conflict', STILL_RUNNING) };
+    else if (requests[i]!.idempotency!.requestHash !== requests[first]!.idempotency!.requestHash) results[i] = { error: differentBody() };
+    else results[i] = answer;
+  }
   return results;
 }
 
+/**
+ * One statement for the requests; when it fails (a key held by a request of another group
+ * past the 1 ms wait), the requests without a key go together again and each keyed one alone,
+ * so that each gets its own answer and a group of hundreds is not written one by one.
+ */
 async function writeOrSplit(em: EntityManager, requests: AcceptRequest[]): Promise<AcceptResult[]> {
   try {
     return await write(em, requests);
   } catch (error) {
     if (requests.length === 1) return [{ error: mapError(error) }];
-    const results: AcceptResult[] = [];
-    for (const request of requests) {
-      try {
-        results.push(...(await write(em, [request])));
-      } catch (own) {
-        results.push({ error: mapError(own) });
-      }
+    const unkeyed = requests.flatMap((r, i) => (r.idempotency ? [] : [i]));
+    const parts = [...(unkeyed.length > 0 && unkeyed.length < requests.length ? [unkeyed] : unkeyed.map((i) => [i])), ...requests.flatMap((r, i) => (r.idempotency ? [[i]] : []))];
+    const results = new Array<AcceptResult>(requests.length);
+    for (const part of parts) {
+      const answers = await writeOrSplit(em, part.map((i) => requests[i]!));
+      part.forEach((i, n) => (results[i] = answers[n]!));
     }
     return results;
   }
 }
+
+const differentBody = () => new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body');
 
 function mapError(error: unknown): unknown {
   if ((error as { code?: string }).code === '55P03') {
@@ -152,7 +167,7 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
     const row = earlier.get(scoped);
     if (!row) results[i] = { error: new ConflictError('idempotency_conflict', 'The Idempotency-Key changed state during the request; retry') };
     else if (row.request_hash !== idempotency.requestHash) {
-      results[i] = { error: new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body') };
+      results[i] = { error: differentBody() };
     } else results[i] = { ok: { ids: row.email_ids, replayed: true } };
   }
   return results;
