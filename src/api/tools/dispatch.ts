@@ -34,17 +34,15 @@ export interface EndpointResponse {
  * request when it arrives (auth.ts limitOrganization), which pays for its first dispatched
  * request; every further one (the calls of an MCP batch after the first, the pages a v1
  * `page` walks) is counted on its own, so a batch cannot multiply an organization's budget.
- * Random values of this process: a client cannot send them, and dispatch never forwards a
+ * A random value of this process: a client cannot send it, and dispatch never forwards a
  * client's value.
  */
 const DISPATCH_HEADER = 'x-mailroom-dispatch';
-const DISPATCH_MARK = randomBytes(16).toString('hex');
-const PAID = `${DISPATCH_MARK}.paid`;
-const UNPAID = `${DISPATCH_MARK}.unpaid`;
-// The requests an outer request has dispatched so far, kept on the outer request itself.
+const PAID = randomBytes(16).toString('hex');
+// Set on an outer request once it has dispatched its first request.
 const DISPATCHED = Symbol('dispatched');
 
-/** Whether the organization's limit was already counted for this request (its outer request). */
+/** Whether the organization's limit was already counted for this request (its outer request's first). */
 export function organizationLimitPaid(request: FastifyRequest): boolean {
   return request.headers[DISPATCH_HEADER] === PAID;
 }
@@ -70,9 +68,9 @@ export async function dispatch(app: App, from: FastifyRequest, target: EndpointR
   }
   // Set last, whatever the target asked for: the endpoint runs as the caller, and only as the caller.
   headers['x-request-id'] = from.id;
-  const outer = from as FastifyRequest & { [DISPATCHED]?: number };
-  outer[DISPATCHED] = (outer[DISPATCHED] ?? 0) + 1;
-  headers[DISPATCH_HEADER] = outer[DISPATCHED] === 1 ? PAID : UNPAID;
+  const outer = from as FastifyRequest & { [DISPATCHED]?: true };
+  if (!outer[DISPATCHED]) headers[DISPATCH_HEADER] = PAID;
+  outer[DISPATCHED] = true;
   if (from.headers.authorization) headers.authorization = from.headers.authorization;
   if (target.body !== undefined) headers['content-type'] = 'application/json';
   const query: Record<string, string> = {};
