@@ -77,6 +77,13 @@ describe('the OpenAPI document (README.md "API overview")', () => {
     const events = op('/api/v2/events', 'post');
     expect(events.responses['404']).toBeDefined();
     expect(events.responses['400']!.description).toMatch(/^validation_error/);
+    // Validation errors are 400 there: no 422 but the one the route names (the sending policy).
+    expect(events.responses['422']).toBeUndefined();
+    expect(send.responses['422']).toBeDefined();
+    // Campaign send takes no body at all (spec 4.11).
+    expect((send as unknown as { requestBody: { required?: boolean } }).requestBody.required).toBe(false);
+    // A route with no permission of its own names none.
+    expect(op('/api/v2/tools', 'get').responses['403']!.description).not.toMatch(/needed/);
   });
 
   it('takes a recipient as a string or a list, as the API does', () => {

@@ -53,6 +53,8 @@ const EXTRA_ERRORS: Record<string, string[]> = {
   'DELETE /api/v2/subscribers/{subscriber}': ['405'],
   // An unknown subscriber, named in the body (spec 4.17).
   'POST /api/v2/events': ['404'],
+  // A sender on a domain the sending policy refuses (contract 12); its other errors are 400.
+  'POST /api/v2/campaigns/{campaignId}/send': ['422'],
   'POST /api/v2/emails': ['409'],
   'POST /api/v2/emails/batch': ['409'],
 };
@@ -136,11 +138,16 @@ export function finishOpenApi<T extends object>(document: T): T {
         operation.description = operation.description ? `${operation.description as string}\n\n${needs}` : needs;
       }
       const described: Record<string, string> = {
-        '403': `${forbidden}: the token lacks the \`${permission ?? 'needed'}\` permission`,
+        ...(permission ? { '403': `${forbidden}: the token lacks the \`${permission}\` permission` } : {}),
         ...(invalid === '400'
           ? { '400': 'validation_error: the request is not valid (details name each problem); invalid_json: the body is not valid JSON' }
           : {}),
       };
+      // A route whose validation errors are 400 answers 422 only where it says so (EXTRA_ERRORS).
+      if (invalid === '400' && !EXTRA_ERRORS[`${method.toUpperCase()} ${path}`]?.includes('422')) statuses.delete('422');
+      // A body the route takes as optional (no body, or null) is not required.
+      const body = (operation.requestBody as { required?: boolean; content?: Record<string, { schema?: { anyOf?: Array<{ type?: string }> } }> } | undefined);
+      if (body?.content?.['application/json']?.schema?.anyOf?.some((member) => member.type === 'null')) body.required = false;
       for (const status of [...statuses].sort()) {
         if (!relays && !(status in responses)) responses[status] = errorResponse(status, described[status]);
       }
