@@ -45,7 +45,8 @@ describe('v1 envelope', () => {
   });
 
   it('wraps an unknown v1 path as 404 and leaves v2-only paths out', async () => {
-    for (const url of ['/nope', '/domains', '/tokens', '/tools']) {
+    // The paths spec 9.6 names without shapes answer the same (docs/agents.md).
+    for (const url of ['/nope', '/domains', '/tokens', '/tools', '/integrations/zapier', '/admin/tools']) {
       const res = await v1('GET', url);
       expect(res.statusCode).toBe(404);
       expect(res.json()).toMatchObject({ success: false, error: { name: 'not_found', statusCode: 404 } });
@@ -109,6 +110,14 @@ describe('POST /api/v1/emails (send)', () => {
     expect(paths).toEqual(expect.arrayContaining(['content', 'replyTo']));
     expect(paths.join(' ')).not.toMatch(/html|reply_to/);
     expect(error.message).not.toMatch(/^(html|reply_to)/);
+  });
+
+  it('refuses the v2 names of the fields it translates, naming them, rather than dropping a value', async () => {
+    const res = await v1('POST', '/emails', { ...base, content: 'a', contentType: 'HTML', html: 'b', reply_to: 'x@example.com' });
+    expect(res.statusCode).toBe(422);
+    const paths = res.json().error.details.map((d: { path: string }) => d.path).sort();
+    expect(paths).toEqual(['html', 'reply_to']);
+    expect(res.json().error.message).toMatch(/v1 takes/);
   });
 
   it('maps contentType HTML and TIPTAP to v2 html and tiptap', async () => {

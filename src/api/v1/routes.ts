@@ -55,6 +55,8 @@ const ListQuery = z.looseObject({
   limit: z.coerce.number().int().min(1).max(MAX_PAGE_SIZE).optional(),
 });
 
+// The v2 fields a v1 send was translated into, by the v1 field the caller wrote.
+const V1_FIELD: Record<string, string> = { markdown: 'content', html: 'content', tiptap: 'content', reply_to: 'replyTo' };
 /** v1 send: `content` + `contentType` and `replyTo`; everything else as v2 takes it. */
 export const V1SendBody = z.looseObject({
   content: z.union([z.string(), z.record(z.string(), z.unknown())]),
@@ -62,12 +64,15 @@ export const V1SendBody = z.looseObject({
   replyTo: z.union([z.string(), z.array(z.string())]).optional(),
   // v1 accepted a tracking switch; v2 dropped it (tracking follows the organization).
   tracking: z.unknown().optional(),
+  // The v2 names of the translated fields: refused, not silently overwritten by the translation
+  // (and the errors of the v2 fields they become name the v1 ones: inV1Fields).
+  ...Object.fromEntries(
+    [...Object.keys(V1_FIELD)].map((field) => [field, z.never({ error: `is a v2 field: v1 takes ${V1_FIELD[field]}${V1_FIELD[field] === 'content' ? ' with contentType' : ''}` }).optional()]),
+  ),
 });
 
 const CONTENT_FIELD = { MARKDOWN: 'markdown', HTML: 'html', TIPTAP: 'tiptap' } as const;
 
-// The v2 fields a v1 send was translated into, by the v1 field the caller wrote.
-const V1_FIELD: Record<string, string> = { markdown: 'content', html: 'content', tiptap: 'content', reply_to: 'replyTo' };
 const V2_FIELD = /^(markdown|html|tiptap|reply_to)(?=[.:]|$)/;
 
 /** A v2 error about a translated field, in the v1 names the caller used (`content: …`, not `markdown: …`). */
