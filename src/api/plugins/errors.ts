@@ -18,7 +18,6 @@ export function errorBody(statusCode: number, name: string, message: string, det
 // Fastify's own errors, by code, to the error names of docs/foundation.md "Errors".
 const FASTIFY_ERRORS: Record<string, { status: number; name: string; message: string }> = {
   FST_ERR_CTP_INVALID_JSON_BODY: { status: 400, name: 'invalid_json', message: 'The body is not valid JSON' },
-  FST_ERR_CTP_EMPTY_JSON_BODY: { status: 400, name: 'invalid_json', message: 'The body is empty but declared as JSON' },
   FST_ERR_CTP_BODY_TOO_LARGE: { status: 413, name: 'payload_too_large', message: 'The body is larger than this endpoint accepts' },
   FST_ERR_CTP_INVALID_MEDIA_TYPE: { status: 415, name: 'unsupported_media_type', message: 'The body must be JSON (Content-Type: application/json)' },
   FST_ERR_CTP_INVALID_CONTENT_LENGTH: { status: 400, name: 'invalid_json', message: 'The Content-Length does not match the body' },
