@@ -47,7 +47,8 @@ const noop = () => {};
 /** Parsed private keys by PEM: parsing a PEM for every message costs twice the signature itself. */
 const MAX_PARSED_KEYS = 256;
 // A memo of a pure transform (the same PEM gives the same key whatever the app or config).
-const parsedKeys = new LRUCache<string, KeyObject>({ max: MAX_PARSED_KEYS });
+// `false`: a PEM that cannot be read, remembered too (not parsed again for every message).
+const parsedKeys = new LRUCache<string, KeyObject | false>({ max: MAX_PARSED_KEYS });
 
 function keyObject(privateKey: DkimKey['privateKey']): KeyObject | undefined {
   if (typeof privateKey !== 'string') return privateKey;
@@ -56,11 +57,11 @@ function keyObject(privateKey: DkimKey['privateKey']): KeyObject | undefined {
     try {
       key = createPrivateKey(privateKey);
     } catch {
-      return undefined;
+      key = false;
     }
     parsedKeys.set(privateKey, key);
   }
-  return key;
+  return key || undefined;
 }
 
 /**
