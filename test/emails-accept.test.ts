@@ -30,6 +30,20 @@ async function rowsTo(to: string): Promise<{ id: string; subject: string; cc: st
   return ctx.services.orm.em.fork().execute(`select id, subject, cc, tags, headers, status from emails where to_address = ? order by id`, [to]);
 }
 
+/** A key row another request is still writing: inserted in an open transaction, rolled back by `release`. */
+async function holdKey(key: string, hash: string): Promise<{ release(): Promise<void> }> {
+  const holder = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
+  await holder.connect();
+  await holder.query('begin');
+  await holder.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, $2, $3, '{}')`, [organizationId, key, hash]);
+  return {
+    async release() {
+      await holder.query('rollback');
+      await holder.end();
+    },
+  };
+}
+
 async function jobIds(): Promise<Set<string>> {
   const jobs = await ctx.services.producer.queue('emails').getJobs(['waiting', 'delayed', 'prioritized', 'active']);
   return new Set(jobs.map((j) => j.id!));
@@ -122,11 +136,8 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     const to = 'split@example.com';
     const input: NewEmail = { organizationId, from: base.from, to, subject: 'split', contentKind: 'html', content: base.html };
     const hash = requestHash('POST /emails', { ...base, to });
-    const holder = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
-    await holder.connect();
+    const held = await holdKey('held-2', hash);
     try {
-      await holder.query('begin');
-      await holder.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, 'held-2', $2, '{}')`, [organizationId, hash]);
       const results = await acceptRequests(ctx.services.orm.em.fork(), [
         { emails: [input], idempotency: { key: 'held-2', requestHash: hash } },
         ...Array.from({ length: 5 }, (_, i) => ({ emails: [{ ...input, subject: `free ${i}` }] })),
@@ -135,8 +146,7 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
       expect(results.slice(1).every((r) => 'ok' in r)).toBe(true);
       expect(await rowsTo(to)).toHaveLength(5);
     } finally {
-      await holder.query('rollback');
-      await holder.end();
+      await held.release();
     }
   });
 
@@ -145,11 +155,8 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     const to = 'held@example.com';
     const input: NewEmail = { organizationId, from: base.from, to, subject: 'held', contentKind: 'html', content: base.html };
     const hash = requestHash('POST /emails', { ...base, to });
-    const holder = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
-    await holder.connect();
+    const held = await holdKey('held', hash);
     try {
-      await holder.query('begin');
-      await holder.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, 'held', $2, '{}')`, [organizationId, hash]);
       const settled = await Promise.allSettled([
         writer.write(input, { key: 'held', requestHash: hash, waitMs: 200 }),
         writer.write({ ...input, subject: 'free 1' }),
@@ -161,8 +168,7 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
       const rows = await rowsTo(to);
       expect(rows.map((r) => r.subject).sort()).toEqual(['free 1', 'free 2', 'free 3']);
     } finally {
-      await holder.query('rollback');
-      await holder.end();
+      await held.release();
     }
     // Once the holder is gone the key is free, and a retry is written.
     const retried = await writer.write(input, { key: 'held', requestHash: hash, waitMs: 200 });
