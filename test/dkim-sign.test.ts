@@ -120,6 +120,17 @@ describe('DKIM signing', () => {
     expect((await dkimSign(raw, bad)).equals(raw)).toBe(true);
   });
 
+  it('says why a message was left unsigned: an unreadable key, a key that is not RSA', async () => {
+    const raw = Buffer.from('From: a@acme.test\r\nSubject: Hi\r\n\r\nHello\r\n');
+    const reasons: string[] = [];
+    await dkimSign(raw, { ...key, privateKey: 'not a key' }, (reason) => reasons.push(reason));
+    const ed25519 = generateKeyPairSync('ed25519').privateKey;
+    expect((await dkimSign(raw, { ...key, privateKey: ed25519 }, (reason) => reasons.push(reason))).equals(raw)).toBe(true);
+    expect(reasons).toEqual(['the private key cannot be read', 'the key is ed25519, not RSA']);
+    await dkimSign(raw, key, (reason) => reasons.push(reason));
+    expect(reasons).toHaveLength(2);
+  });
+
   it('signs many messages at once', async () => {
     const raws = Array.from({ length: 40 }, (_, i) =>
       Buffer.from(`From: a@acme.test\r\nTo: user${i}@example.com\r\nSubject: Hi ${i}\r\nMessage-ID: <m${i}@acme.test>\r\n\r\nHello ${'x'.repeat(i * 100)}\r\n`),

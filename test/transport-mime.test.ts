@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { simpleParser } from 'mailparser';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createMailTransport } from '../src/shared/emails/transport.js';
+import { startSmtpSink } from './helpers/smtp-sink.js';
 
 // The MIME boundaries' random part comes from the pooled random source (transport.ts
 // mailOptions): every message needs its own, and the parts must still read back.
@@ -29,5 +30,33 @@ describe('built messages', () => {
     }
     expect(boundaries.size).toBe(50);
     transport.close();
+  });
+});
+
+// A domain key that cannot sign leaves its mail unsigned (dkim-sign.ts) and says so in the
+// log, once per key and process: not silently, and not once a message.
+describe('a domain key that cannot sign', () => {
+  it('sends unsigned through the relay and warns once for the key', async () => {
+    const sink = await startSmtpSink();
+    const warnings: { fields: Record<string, unknown>; message: string }[] = [];
+    const logger = { warn: (fields: Record<string, unknown>, message: string) => void warnings.push({ fields, message }) };
+    const transport = createMailTransport({ transport: 'smtp', smtpUrl: sink.url, maxConnections: 1 } as never, {
+      dkim: async (fromDomain) => ({ domainName: fromDomain, keySelector: 'mr', privateKey: 'not a key' }),
+      logger: logger as never,
+    });
+    try {
+      for (let i = 0; i < 3; i++) {
+        const id = `eml_unsigned${i}`;
+        await transport.send({ id, organizationId: 'org_x', from: 'a@acme.test', to: `r${i}@example.com`, subject: 'Hi', html: '<p>Hi</p>', text: 'Hi', messageId: `${id}@acme.test`, fromDomain: 'acme.test' });
+      }
+      expect(sink.raw).toHaveLength(3);
+      expect(sink.raw.some((raw) => raw.toString().includes('DKIM-Signature'))).toBe(false);
+      expect(warnings).toEqual([
+        { fields: { domain: 'acme.test', selector: 'mr', reason: 'the private key cannot be read' }, message: 'DKIM key cannot sign: mail from this domain goes out unsigned' },
+      ]);
+    } finally {
+      transport.close();
+      await sink.close();
+    }
   });
 });

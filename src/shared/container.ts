@@ -140,6 +140,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain, dkimKeys)) ?? undefined,
       // VERP: bounces come back to a per-email address (docs/outcomes.md).
       returnPath: (emailId, fromDomain, ownDomain) => returnPaths.address(emailId, returnPathHost(fromDomain, ownDomain, config.inbound.bounceDomain)),
+      logger,
     }),
     render: new RenderPool({ threads: 2, timeoutMs: 30_000 }),
     orgLimiter: organizationRateLimiter({ redis, config }),

@@ -131,15 +131,18 @@ export interface DkimKey {
 /**
  * The message with a DKIM-Signature header in front. A key that cannot sign with RSA-SHA256
  * (unreadable, or not RSA) leaves the message unsigned rather than failing the send, as
- * nodemailer does with a key it cannot read.
+ * nodemailer does with a key it cannot read; `onUnsigned` is then told why (the transport logs it).
  */
-export async function dkimSign(raw: Buffer, options: DkimKey): Promise<Buffer> {
+export async function dkimSign(raw: Buffer, options: DkimKey, onUnsigned: (reason: string) => void = noop): Promise<Buffer> {
   const end = headerEnd(raw);
   // nodemailer's parser passes on a body only when it has more than one byte.
   const body = raw.length - end > 1 ? raw.subarray(end) : raw.subarray(raw.length);
   const key = keyObject(options.privateKey);
   const unsigned = body.length > 0 ? raw : Buffer.concat([raw.subarray(0, end), CRLF]);
-  if (key === undefined || key.asymmetricKeyType !== 'rsa') return unsigned;
+  if (key === undefined || key.asymmetricKeyType !== 'rsa') {
+    onUnsigned(key === undefined ? 'the private key cannot be read' : `the key is ${key.asymmetricKeyType ?? 'not asymmetric'}, not RSA`);
+    return unsigned;
+  }
 
   const headers = MessageParser.prototype.parseHeaders.call({ rawHeaders: raw.subarray(0, end) });
   const canonical = relaxedHeaders(headers, options.headerFieldNames || FIELD_NAMES, options.skipFields);
@@ -151,7 +154,10 @@ export async function dkimSign(raw: Buffer, options: DkimKey): Promise<Buffer> {
       76,
     ) + ';\r\n b=';
   const signature = await signAsync(`${canonical.headers}dkim-signature:${relaxedHeaderLine(field)}`, key);
-  if (signature === undefined) return unsigned;
+  if (signature === undefined) {
+    onUnsigned('the RSA signature failed');
+    return unsigned;
+  }
   const folded = (field + signature.replace(/(^.{73}|.{75}(?!\r?\n|\r))/g, '$&\r\n ').trim()) + '\r\n';
   return Buffer.concat([Buffer.from(folded), unsigned]);
 }

@@ -7,6 +7,7 @@ import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import type DKIM from 'nodemailer/lib/dkim/index.js';
 import SMTPPool from 'nodemailer/lib/smtp-pool/index.js';
 import type { Config } from '../config.js';
+import type { Logger } from '../logger.js';
 import { randomHex } from '../crypto.js';
 import { withSubmittedParts } from '../submission/delivery.js';
 import type { SubmittedParts } from '../submission/queries.js';
@@ -82,6 +83,8 @@ export interface MailTransportOptions {
    * `fromDomain`; `ownDomain` when the organization has that domain (it has a DKIM key).
    */
   returnPath?: (emailId: string, fromDomain: string, ownDomain: boolean) => string;
+  /** Told once per domain key that cannot sign (its mail goes out unsigned). */
+  logger?: Pick<Logger, 'warn'>;
 }
 
 const CONNECT_TIMEOUT_MS = 10_000;
@@ -173,6 +176,14 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
     greetingTimeout: 10_000,
     socketTimeout: 60_000,
   }) as unknown as SmtpPool;
+  // Domain keys already reported as unable to sign: one warning per key and process, not one a message.
+  const unsignable = new Set<string>();
+  const warnUnsigned = (key: DkimKey) => (reason: string) => {
+    const name = `${key.keySelector}._domainkey.${key.domainName}`;
+    if (unsignable.has(name)) return;
+    unsignable.add(name);
+    options.logger?.warn({ domain: key.domainName, selector: key.keySelector, reason }, 'DKIM key cannot sign: mail from this domain goes out unsigned');
+  };
   return {
     kind: 'smtp',
     async send(message) {
@@ -185,7 +196,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
       // DKIM-signed with nodemailer's canonicalization, the RSA signature in libuv's thread
       // pool (dkim-sign.ts).
       let raw = await node.build();
-      if (key) raw = await dkimSign(raw, key as DkimKey);
+      if (key) raw = await dkimSign(raw, key as DkimKey, warnUnsigned(key as DkimKey));
       const returnPath = options.returnPath?.(message.id, message.fromDomain, key !== undefined);
       const skip = message.skipRecipients && message.skipRecipients.length > 0 ? message.skipRecipients : undefined;
       if (returnPath || skip) {
