@@ -254,6 +254,33 @@ describe('dashboard in Chromium', () => {
     await check('campaigns');
   });
 
+  it('keeps a campaign form as it was filled in when the API refuses it, creating or saving nothing', async () => {
+    const content = '# Draft\n\nA long text the user must not lose.\n\n[Unsubscribe]({{unsubscribe_url}})';
+    const refuse = async (action: string) => {
+      // A name over the API's 100 characters (the browser's own maxlength taken off).
+      await page.evaluate(() => document.querySelector('#name')!.removeAttribute('maxlength'));
+      await page.fill('#name', 'n'.repeat(101));
+      await page.fill('#subject', 'Kept subject');
+      await page.fill('#content', content);
+      const [answer] = await Promise.all([page.waitForResponse((r) => r.request().method() === 'POST' && r.url().endsWith(action)), page.click('#campaign-form button[type=submit]')]);
+      expect(answer.status()).toBe(422);
+      expect(await page.locator('[role=alert]').textContent()).toContain('name');
+      expect(await page.locator('#content').inputValue()).toBe(content);
+      expect(await page.locator('#subject').inputValue()).toBe('Kept subject');
+      expect(await page.locator('#name').inputValue()).toBe('n'.repeat(101));
+    };
+    const before = await rows('select count(*)::int as n from campaigns');
+    await page.goto(`${base}/app/campaigns/new`);
+    await refuse('/app/campaigns');
+    expect(await rows('select count(*)::int as n from campaigns')).toEqual(before);
+    // Mended, the same form creates the draft.
+    await page.fill('#name', 'Kept draft');
+    await Promise.all([page.waitForURL(/\/app\/campaigns\/cmp_.*notice=created/), page.click('#campaign-form button[type=submit]')]);
+    const id = new URL(page.url()).pathname.split('/').pop()!;
+    await refuse(`/app/campaigns/${id}`);
+    expect(await rows('select name, subject from campaigns where id = ?', [id])).toEqual([{ name: 'Kept draft', subject: 'Kept subject' }]);
+  });
+
   it('imports a CSV with a progress bar, and refuses a file that is not CSV', async () => {
     await page.goto(`${base}/app/audience/import`);
     await check('import');

@@ -12,6 +12,7 @@ import {
   type CampaignView,
 } from '../../shared/campaigns/service.js';
 import { listSenders } from '../../shared/domains/senders.js';
+import { ValidationError } from '../../shared/errors.js';
 import { CreateBody, PatchBody, SendBody } from '../routes/campaigns.js';
 import type { App } from '../types.js';
 import { formOf, noticeOf, optional, parseWith, query, sendPage, signedIn, type DashboardContext } from './context.js';
@@ -36,29 +37,51 @@ function campaignBody(form: Record<string, string>) {
   };
 }
 
+/** What the editor's fields hold: the campaign's, or what was entered in a form the API refused. */
+type Entered = Record<'name' | 'subject' | 'preview' | 'content' | 'senderId' | 'replyTo', string>;
+
+function enteredOf(c: CampaignView['campaign'] | undefined): Entered {
+  return {
+    name: c?.name ?? '',
+    subject: c?.subject ?? '',
+    preview: c?.preview ?? '',
+    content: c ? (typeof c.content === 'string' ? c.content : JSON.stringify(c.content, null, 2)) : STARTER,
+    senderId: c?.senderId ?? '',
+    replyTo: c?.replyTo ?? '',
+  };
+}
+
+/** The form's fields as they were entered. */
+function enteredFrom(form: Record<string, string>): Entered {
+  const { name = '', subject = '', preview = '', content = '', senderId = '', replyTo = '' } = form;
+  return { name, subject, preview, content, senderId, replyTo };
+}
+
 async function editor(
   organizationId: string,
   em: Parameters<typeof listSenders>[0],
   user: PageUser,
   view: CampaignView | null,
+  entered: Entered = enteredOf(view?.campaign),
 ): Promise<ReturnType<typeof html>> {
   const { items: senders } = await listSenders(em, organizationId, 100);
   const c = view?.campaign;
   const markdown = !c || c.contentType === 'MARKDOWN';
-  const content = c ? (typeof c.content === 'string' ? c.content : JSON.stringify(c.content, null, 2)) : STARTER;
+  // Content written in another editor is never taken from the form (the POST ignores it).
+  const content = markdown ? entered.content : enteredOf(c).content;
   const action = c ? `/app/campaigns/${c.id}` : '/app/campaigns';
   return html`
 <div class="split">
 <form method="post" action="${action}" id="campaign-form">
   ${csrfField(user)}
-  <div class="field"><label for="name">Name</label><input id="name" name="name" type="text" required maxlength="100" value="${c?.name ?? ''}"></div>
-  <div class="field"><label for="subject">Subject</label><input id="subject" name="subject" type="text" maxlength="998" value="${c?.subject ?? ''}"></div>
-  <div class="field"><label for="preview">Preview text</label><input id="preview" name="preview" type="text" maxlength="1000" value="${c?.preview ?? ''}"></div>
+  <div class="field"><label for="name">Name</label><input id="name" name="name" type="text" required maxlength="100" value="${entered.name}"></div>
+  <div class="field"><label for="subject">Subject</label><input id="subject" name="subject" type="text" maxlength="998" value="${entered.subject}"></div>
+  <div class="field"><label for="preview">Preview text</label><input id="preview" name="preview" type="text" maxlength="1000" value="${entered.preview}"></div>
   <div class="field"><label for="senderId">Sender</label><select id="senderId" name="senderId">
     <option value="">none yet</option>
-    ${senders.map((s) => html`<option value="${s.id}"${s.id === c?.senderId ? html` selected` : ''}>${s.name} &lt;${s.email}&gt;</option>`)}
+    ${senders.map((s) => html`<option value="${s.id}"${s.id === entered.senderId ? html` selected` : ''}>${s.name} &lt;${s.email}&gt;</option>`)}
   </select>${when(senders.length === 0, () => html`<span class="muted">Add a sender on a <a href="/app/domains">domain</a> first.</span>`)}</div>
-  <div class="field"><label for="replyTo">Reply-To</label><input id="replyTo" name="replyTo" type="email" value="${c?.replyTo ?? ''}"></div>
+  <div class="field"><label for="replyTo">Reply-To</label><input id="replyTo" name="replyTo" type="email" value="${entered.replyTo}"></div>
   ${
     markdown
       ? html`<div class="field"><label for="content">Content (Markdown)</label>
@@ -116,15 +139,22 @@ ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Open
   });
 
   app.post('/app/campaigns', { schema: { hide: true } }, async (request, reply) => {
-    const { caller } = signedIn(request, 'campaigns');
-    const input = parseWith(CreateBody, campaignBody(formOf(request)));
-    const { campaign } = await createCampaign(request.em, caller.organizationId, input, services.clock());
-    return reply.redirect(`/app/campaigns/${campaign.id}?notice=created`, 303);
+    const { caller, user } = signedIn(request, 'campaigns');
+    const form = formOf(request);
+    let created;
+    try {
+      created = await createCampaign(request.em, caller.organizationId, parseWith(CreateBody, campaignBody(form)), services.clock());
+    } catch (error) {
+      if (!(error instanceof ValidationError)) throw error;
+      // Nothing was created: the editor again, as it was filled in, with the reason.
+      const body = await editor(caller.organizationId, request.em, user, null, enteredFrom(form));
+      return sendPage(reply, page({ title: 'New campaign', active: 'campaigns', user, error: error.message }, body), error.statusCode);
+    }
+    return reply.redirect(`/app/campaigns/${created.campaign.id}?notice=created`, 303);
   });
 
-  app.get('/app/campaigns/:id', { schema: { hide: true } }, async (request, reply) => {
-    const { caller, user } = signedIn(request, 'campaigns');
-    const view = await getCampaign(request.em, caller.organizationId, (request.params as { id: string }).id);
+  /** A campaign's page: its facts, and for a draft the editor (holding `entered`, when given) and the test and schedule forms. */
+  async function campaignPage(em: Parameters<typeof listSenders>[0], organizationId: string, user: PageUser, view: CampaignView, entered?: Entered) {
     const c = view.campaign;
     const facts = html`<dl class="facts">
   <dt>Status</dt><dd><span class="badge ${c.status}">${c.status}</span></dd>
@@ -133,12 +163,9 @@ ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Open
   <dt>Sent / opened / clicked</dt><dd>${c.emailsSentCount} / ${c.emailsOpenedCount} / ${c.emailsClickedCount}</dd>
   <dt>Sender</dt><dd>${view.sender ? `${view.sender.name} <${view.sender.email}>` : 'none'}</dd>
 </dl>`;
-    if (c.status !== 'DRAFT') {
-      const body = html`${facts}<h2>Message</h2><p>${c.subject}</p>${preview(c.contentType, c.content, c.subject, c.preview)}`;
-      return sendPage(reply, page({ title: c.name, active: 'campaigns', user, notice: noticeOf(request) }, body));
-    }
-    const body = html`${facts}
-${await editor(caller.organizationId, request.em, user, view)}
+    if (c.status !== 'DRAFT') return html`${facts}<h2>Message</h2><p>${c.subject}</p>${preview(c.contentType, c.content, c.subject, c.preview)}`;
+    return html`${facts}
+${await editor(organizationId, em, user, view, entered)}
 <h2>Send a test</h2>
 <form method="post" action="/app/campaigns/${c.id}/test" class="inline">
   ${csrfField(user)}
@@ -154,19 +181,32 @@ ${await editor(caller.organizationId, request.em, user, view)}
   </select></div>
   <div class="field"><button type="submit">Schedule</button></div>
 </form>`;
-    return sendPage(reply, page({ title: c.name, active: 'campaigns', user, notice: noticeOf(request) }, body));
+  }
+
+  app.get('/app/campaigns/:id', { schema: { hide: true } }, async (request, reply) => {
+    const { caller, user } = signedIn(request, 'campaigns');
+    const view = await getCampaign(request.em, caller.organizationId, (request.params as { id: string }).id);
+    const body = await campaignPage(request.em, caller.organizationId, user, view);
+    return sendPage(reply, page({ title: view.campaign.name, active: 'campaigns', user, notice: noticeOf(request) }, body));
   });
 
   app.post('/app/campaigns/:id', { schema: { hide: true } }, async (request, reply) => {
-    const { caller } = signedIn(request, 'campaigns');
+    const { caller, user } = signedIn(request, 'campaigns');
     const { id } = request.params as { id: string };
     const form = formOf(request);
-    const body = campaignBody(form);
+    const values = campaignBody(form);
     const existing = await getCampaign(request.em, caller.organizationId, id);
-    // Content written in another editor is kept as it is: the form shows it read-only.
-    const input = parseWith(PatchBody, existing.campaign.contentType === 'MARKDOWN' ? body : { ...body, content: undefined, contentType: undefined });
-    const fields = Object.fromEntries(Object.entries(input).filter(([, v]) => v !== undefined));
-    await patchCampaign(request.em, caller.organizationId, id, fields, []);
+    try {
+      // Content written in another editor is kept as it is: the form shows it read-only.
+      const input = parseWith(PatchBody, existing.campaign.contentType === 'MARKDOWN' ? values : { ...values, content: undefined, contentType: undefined });
+      const fields = Object.fromEntries(Object.entries(input).filter(([, v]) => v !== undefined));
+      await patchCampaign(request.em, caller.organizationId, id, fields, []);
+    } catch (error) {
+      if (!(error instanceof ValidationError)) throw error;
+      // Nothing was saved: the page again, its editor as it was filled in, with the reason.
+      const body = await campaignPage(request.em, caller.organizationId, user, existing, enteredFrom(form));
+      return sendPage(reply, page({ title: existing.campaign.name, active: 'campaigns', user, error: error.message }, body), error.statusCode);
+    }
     return reply.redirect(`/app/campaigns/${id}?notice=saved`, 303);
   });
 
