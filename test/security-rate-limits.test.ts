@@ -83,6 +83,24 @@ describe('RATE_LIMIT_ORG_PER_SECOND', () => {
     expect(codes).toEqual([200, 429]);
   });
 
+  it('counts each request of a v1 page walk beyond the first, which the v1 request paid for', async () => {
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    for (const email of ['walk1@example.com', 'walk2@example.com', 'walk3@example.com']) {
+      const created = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(tokens[0]!), payload: { email } });
+      expect(created.statusCode).toBe(200);
+    }
+    const codes = await withinOneSecond(async () => {
+      // Page 3 of 1: the two subscribers before it are skipped in one request, then the page
+      // is a second: 2 units of the budget of 5.
+      const walk = await ctx.app.inject({ url: '/api/v1/subscribers?page=3&limit=1', headers: bearer(tokens[1]!) });
+      expect(walk.json()).toMatchObject({ success: true, pagination: { page: 3, limit: 1 } });
+      const rest = [];
+      for (let i = 0; i < 4; i++) rest.push(await ctx.app.inject({ url: '/api/v2/tags', headers: bearer(tokens[2]!) }));
+      return [walk.statusCode, ...rest.map((r) => r.statusCode)];
+    });
+    expect(codes).toEqual([200, 200, 200, 200, 429]);
+  });
+
   it('an organization over its budget does not slow another one', async () => {
     const other = await createOrg(ctx.services, { name: 'Other' });
     const codes = await withinOneSecond(async () => {
