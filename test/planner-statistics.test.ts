@@ -126,6 +126,32 @@ describe('planner statistics pass: failures, and the timer of a worker process',
     expect(await relpages('grown_probe')).toBe(0);
   });
 
+  it('leaves alone a grown table the database user may not analyse (not its own)', async () => {
+    // A database user that is not a superuser (the usual installation): PostgreSQL would skip
+    // another owner's table with a warning on every pass, and the pass would report it analysed.
+    const role = `mailroom_plain_${Date.now().toString(36)}`;
+    await sql(`create role ${role} login`);
+    await sql(`grant create, usage on schema public to ${role}`);
+    const url = new URL(ctx.env.config.databaseUrl);
+    url.username = role;
+    const plain = await initOrm({ databaseUrl: url.toString(), poolSize: 1 });
+    try {
+      await plain.em.fork().execute(`create table grown_own (a int, b text) with (autovacuum_enabled = false)`);
+      await plain.em.fork().execute(`insert into grown_own select g, repeat('x', 100) from generate_series(1, 10000) g`);
+      await grownTable('grown_not_own');
+      const analysed = (await refreshPlannerStatistics(plain, spyLogger().logger)).map((a) => a.table);
+      expect(analysed).toContain('grown_own');
+      expect(analysed).not.toContain('grown_not_own');
+      expect(await relpages('grown_own')).toBeGreaterThan(0);
+      expect(await relpages('grown_not_own')).toBe(0);
+    } finally {
+      await plain.close(true);
+      await sql('drop table if exists grown_own, grown_not_own');
+      await sql(`revoke all on schema public from ${role}`);
+      await sql(`drop role ${role}`);
+    }
+  });
+
   it('runs every few seconds in a worker process until stopped', async () => {
     const keeper = keepPlannerStatistics(ctx.services.orm, createLogger({ level: 'silent' }), 20);
     try {
