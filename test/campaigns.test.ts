@@ -295,6 +295,29 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     expect(res.json().scheduledAt).toBe('2030-03-31T01:30:00.000Z');
   });
 
+  it('lets only one of a PATCH and a send at the same moment through: no send of content it never checked', async () => {
+    for (let round = 0; round < 8; round++) {
+      const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
+      const [patch, send] = await Promise.all([
+        api('PATCH', `/campaigns/${c.id}`, { content: 'No unsubscribe link here', subject: `Changed ${round}` }),
+        api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2031-01-01T00:00:00Z' }),
+      ]);
+      const stored = (await api('GET', `/campaigns/${c.id}`)).json();
+      if (send.statusCode === 200) {
+        // The send went first: the PATCH found a campaign that was no longer a draft.
+        expect(patch.statusCode, patch.body).toBe(422);
+        expect(stored).toMatchObject({ status: 'SCHEDULED', subject: 'Hello {{name}}', content: `Hi${UNSUB_MD}` });
+        expect(send.json()).toMatchObject({ subject: 'Hello {{name}}' });
+      } else {
+        // The PATCH went first: the send checked the content it wrote.
+        expect(patch.statusCode, patch.body).toBe(200);
+        expect(send.statusCode, send.body).toBe(400);
+        expect(send.json().message).toMatch(/unsubscribe/);
+        expect(stored).toMatchObject({ status: 'DRAFT', content: 'No unsubscribe link here' });
+      }
+    }
+  });
+
   it('deletes a scheduled campaign and cancels its job', async () => {
     const c = await createCampaign({ content: `Hi${UNSUB_MD}` });
     await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: '2031-01-01T00:00:00Z' });

@@ -1,5 +1,5 @@
 import type { Services } from '../container.js';
-import type { EntityManager } from '@mikro-orm/postgresql';
+import { LockMode, type EntityManager } from '@mikro-orm/postgresql';
 import { IANAZone, DateTime } from 'luxon';
 import { Campaign, type CampaignContentType, type CampaignStatus, type RecipientFilter } from '../db/entities/campaign.js';
 import { Sender } from '../db/entities/sender.js';
@@ -39,8 +39,12 @@ export interface CampaignView {
   recipientCount: number;
 }
 
-async function findCampaign(em: EntityManager, organizationId: string, id: string): Promise<Campaign> {
-  const campaign = isId(id, 'cmp') ? await em.findOne(Campaign, { id, organizationId }) : null;
+async function findCampaign(em: EntityManager, organizationId: string, id: string, options: { lock?: boolean } = {}): Promise<Campaign> {
+  // Locked (in the caller's transaction) and read afresh: a change of a DRAFT and its send check
+  // and write the row one after the other, so neither acts on what the other replaced.
+  const campaign = isId(id, 'cmp')
+    ? await em.findOne(Campaign, { id, organizationId }, options.lock ? { lockMode: LockMode.PESSIMISTIC_WRITE, refresh: true } : {})
+    : null;
   if (!campaign) throw new NotFoundError(`No campaign ${id}`);
   return campaign;
 }
@@ -136,7 +140,11 @@ export async function patchCampaign(
   input: CampaignFields,
   ignored: string[],
 ): Promise<{ campaign: Campaign; updatedFields: string[]; warnings: string[] }> {
-  const campaign = await findCampaign(em, organizationId, id);
+  return em.transactional((tx) => patchLockedCampaign(tx, organizationId, id, input, ignored));
+}
+
+async function patchLockedCampaign(em: EntityManager, organizationId: string, id: string, input: CampaignFields, ignored: string[]) {
+  const campaign = await findCampaign(em, organizationId, id, { lock: true });
   if (campaign.status !== 'DRAFT') {
     throw new ValidationError(`The campaign is ${campaign.status}; only a DRAFT can be changed`, [{ path: 'status', message: `is ${campaign.status}` }]);
   }
@@ -227,7 +235,23 @@ export async function scheduleCampaign(
   input: ScheduleInput,
   now: Date,
 ): Promise<Scheduled> {
-  const campaign = await findCampaign(em, organizationId, id);
+  const { campaign, ...schedule } = await em.transactional((tx) => scheduleLockedCampaign(tx, deps, organizationId, id, input, now));
+  // What scheduleDraft wrote, on the entity the answer shows (after the commit: not written again).
+  Object.assign(campaign, { status: 'SCHEDULED', scheduledAt: schedule.scheduledAt, timezone: schedule.timezone, recipientCount: schedule.recipientCount });
+  await enqueueFanOut(deps, campaign.id, schedule.scheduledAt, now);
+  return { campaign, timezoneGiven: input.timezone != null };
+}
+
+/** The checks of a send and the DRAFT's move to SCHEDULED, under the campaign's row lock (the caller's transaction). */
+async function scheduleLockedCampaign(
+  em: EntityManager,
+  deps: { config: PolicyConfig },
+  organizationId: string,
+  id: string,
+  input: ScheduleInput,
+  now: Date,
+): Promise<{ campaign: Campaign; scheduledAt: Date; timezone: string; recipientCount: number }> {
+  const campaign = await findCampaign(em, organizationId, id, { lock: true });
   const v400 = (path: string, message: string) => new ValidationError(`${path}: ${message}`, [{ path, message }], 400);
   if (campaign.status !== 'DRAFT') throw v400('status', `the campaign is ${campaign.status}; only a DRAFT can be sent`);
   const timezone = input.timezone ?? DEFAULT_TIMEZONE;
@@ -245,13 +269,9 @@ export async function scheduleCampaign(
     throw v400('content', 'the content has no unsubscribe link: add a link whose target is {{unsubscribe_url}}');
   }
   assertTransition(campaign.status, 'SCHEDULED', 400);
-  await em.transactional(async (tx) => {
-    const count = await countRecipients(tx, organizationId, campaign.recipientFilters);
-    if (!(await scheduleDraft(tx, id, { scheduledAt, timezone, recipientCount: count }))) throw v400('status', 'the campaign is no longer a DRAFT');
-    Object.assign(campaign, { status: 'SCHEDULED', scheduledAt, timezone, recipientCount: count });
-  });
-  await enqueueFanOut(deps, campaign.id, scheduledAt, now);
-  return { campaign, timezoneGiven: input.timezone != null };
+  const recipientCount = await countRecipients(em, organizationId, campaign.recipientFilters);
+  if (!(await scheduleDraft(em, id, { scheduledAt, timezone, recipientCount }))) throw v400('status', 'the campaign is no longer a DRAFT');
+  return { campaign, scheduledAt, timezone, recipientCount };
 }
 
 /** The delayed fan-out job (jobId = campaign id). Never throws: the reconciler re-adds a lost job. */
