@@ -75,6 +75,24 @@ describe('POST /api/v2/events (docs/audience.md "Events")', () => {
     expect((await api('GET', '/subscribers/payer@example.com')).json().revenue).toBe(before);
   });
 
+  it('refuses an event that would take revenue past 2^53 - 1 cents either way, writing nothing', async () => {
+    const s = await subscriber('whale@example.com');
+    const event = (eventType: string, amount: number) => api('POST', '/events', { eventType, subscriber: s.id, data: { amount } });
+    expect((await event('SUBSCRIBER_PAYMENT', Number.MAX_SAFE_INTEGER)).statusCode).toBe(200);
+    const over = await event('SUBSCRIBER_PAYMENT', 1);
+    expect(over.statusCode).toBe(400);
+    expect(over.json()).toMatchObject({ name: 'validation_error', message: expect.stringMatching(/^data\.amount: would take the subscriber's revenue/) });
+    // Still readable, alone and in a list; the refused event left no row.
+    expect((await api('GET', `/subscribers/${s.id}`)).json()).toMatchObject({ revenue: Number.MAX_SAFE_INTEGER });
+    expect((await api('GET', '/subscribers?limit=100')).statusCode).toBe(200);
+    expect((await api('GET', `/subscribers/${s.id}/events`)).json().data).toHaveLength(1);
+    // Refunds: down to -(2^53 - 1), not past it.
+    expect((await event('SUBSCRIBER_REFUND', Number.MAX_SAFE_INTEGER)).statusCode).toBe(200);
+    expect((await event('SUBSCRIBER_REFUND', Number.MAX_SAFE_INTEGER)).statusCode).toBe(200);
+    expect((await event('SUBSCRIBER_REFUND', 1)).statusCode).toBe(400);
+    expect((await api('GET', `/subscribers/${s.id}`)).json()).toMatchObject({ revenue: -Number.MAX_SAFE_INTEGER });
+  });
+
   it('answers 404 for an unknown subscriber or one of another organization', async () => {
     const s = await subscriber('theirs@example.com');
     const other = await createOrg(ctx.services, { name: 'Other' });

@@ -1,5 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import { NotFoundError } from '../errors.js';
+import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import { normalizeEmail } from './input.js';
 import * as q from './queries.js';
@@ -39,7 +39,13 @@ export async function recordRevenueEvent(
     data: input.data,
     now,
   });
-  if (!inserted) throw new NotFoundError(`No subscriber ${input.subscriber}`);
+  if (!inserted) {
+    const subscriber = await findSubscriberRow(em, organizationId, input.subscriber);
+    if (!subscriber) throw new NotFoundError(`No subscriber ${input.subscriber}`);
+    // Refused, not stored: a revenue past 2^53 - 1 cents could no longer be read back exactly.
+    const message = `would take the subscriber's revenue (${subscriber.revenue} cents) past ${input.eventType === 'SUBSCRIBER_REFUND' ? '-' : ''}${q.MAX_REVENUE} cents`;
+    throw new ValidationError(`data.amount: ${message}`, [{ path: 'data.amount', message }], 400);
+  }
   return { id, eventType: input.eventType };
 }
 

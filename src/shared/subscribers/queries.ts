@@ -282,9 +282,13 @@ export async function insertTagPairs(db: Db, pairs: ReadonlyArray<{ s: string; t
 
 // ---------------------------------------------------------------- events
 
+/** Revenue is integer cents that JSON and JavaScript read exactly: at most 2^53 - 1 either way. */
+export const MAX_REVENUE = Number.MAX_SAFE_INTEGER;
+
 /**
  * Moves the subscriber's revenue by `delta` and records the event in one statement; the
- * event id, or undefined when no such subscriber.
+ * event id, or undefined when no such subscriber or when the revenue would leave
+ * ±MAX_REVENUE (nothing is written then).
  */
 export async function insertRevenueEvent(
   em: Execute,
@@ -293,11 +297,11 @@ export async function insertRevenueEvent(
   const inserted = (await em.execute(
     `with s as (
        update subscribers set revenue = revenue + ?, updated_at = ?
-        where organization_id = ? and ${e.by === 'id' ? 'id' : 'email'} = ?
+        where organization_id = ? and ${e.by === 'id' ? 'id' : 'email'} = ? and abs(revenue + ?) <= ${MAX_REVENUE}
        returning id)
      insert into subscriber_events (id, organization_id, subscriber_id, event_type, data, created_at)
      select ?, ?, s.id, ?, ?::jsonb, ? from s returning id`,
-    [e.delta, e.now, e.organizationId, e.subscriber, e.id, e.organizationId, e.eventType, JSON.stringify(e.data), e.now],
+    [e.delta, e.now, e.organizationId, e.subscriber, e.delta, e.id, e.organizationId, e.eventType, JSON.stringify(e.data), e.now],
   )) as Array<{ id: string }>;
   return inserted[0]?.id;
 }
