@@ -61,6 +61,11 @@ describe('POST /api/v2/subscribers (docs/audience.md "Writes")', () => {
     await create({ email: 'rep@example.com', tags: ['one', 'two'] });
     const body = await create({ email: 'rep@example.com', tags: ['three', 'one'], replaceTags: true });
     expect(body.tags.map((t: { name: string }) => t.name)).toEqual(['one', 'three']);
+    // Without `tags` there is nothing to replace them with: an omitted property changes nothing.
+    const renamed = await create({ email: 'rep@example.com', name: 'Rep', replaceTags: true });
+    expect(renamed.tags.map((t: { name: string }) => t.name)).toEqual(['one', 'three']);
+    const patched = await api('PATCH', '/subscribers/rep@example.com', { replaceTags: true, name: 'R' });
+    expect(patched.json().tags.map((t: { name: string }) => t.name)).toEqual(['one', 'three']);
     const cleared = await create({ email: 'rep@example.com', tags: [], replaceTags: true });
     expect(cleared.tags).toEqual([]);
   });

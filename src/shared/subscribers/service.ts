@@ -214,7 +214,8 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
       if (request.removeTags) {
         const ids = await tagIdsByName(tx, organizationId, tagInput.names);
         if (ids.length > 0) changes.removed = await detachTags(tx, row.id, 'drop', ids);
-      } else if (input.tags !== undefined || input.replaceTags === true) {
+      } else if (input.tags !== undefined) {
+        // `replaceTags` without `tags` changes nothing: an omitted property never does (`tags: []` clears).
         const tags = await ensureTags(tx, organizationId, tagInput.names, now);
         changes.added = await attachTags(tx, row.id, tags, now);
         if (input.replaceTags === true) {
