@@ -74,12 +74,12 @@ describe('user create and user list (docs/dashboard.md "Getting in")', () => {
 });
 
 describe('the emails list filters of the dashboard', () => {
-  it('filters by last_event exactly as last_event is derived, and by recipient case-insensitively', async () => {
+  it('filters by last_event exactly as last_event is derived, and by recipient case-insensitively, display name aside', async () => {
     const { organizationId } = await createOrg(ctx.services, { name: 'Filters' });
     const base = { organizationId, from: 'a@acme.test', subject: 's', contentKind: 'html' as const, content: '<p>x</p>' };
     const ids = await insertEmails(
       ctx.services.orm.em.fork(),
-      Array.from({ length: 9 }, (_, i) => ({ ...base, to: i === 0 ? 'Mixed.Case@Example.com' : `r${i}@example.com` })),
+      Array.from({ length: 9 }, (_, i) => ({ ...base, to: i === 0 ? 'Mixed.Case@Example.com' : i === 1 ? 'Mary Major <Mary@Example.com>' : `r${i}@example.com` })),
     );
     // Every combination of columns that decides last_event, one per email.
     const set = [
@@ -103,5 +103,10 @@ describe('the emails list filters of the dashboard', () => {
     }
     const found = await listEmails(ctx.services.orm.em.fork(), organizationId, { limit: 100, to: ' mixed.case@example.COM ' });
     expect(found.items.map((e) => e.id)).toEqual([ids[0]]);
+    // A recipient with a display name is found by the bare address, and by the whole one.
+    for (const to of ['mary@example.com', 'Mary Major <mary@EXAMPLE.com>', '<mary@example.com>']) {
+      const named = await listEmails(ctx.services.orm.em.fork(), organizationId, { limit: 100, to });
+      expect(named.items.map((e) => e.id), to).toEqual([ids[1]]);
+    }
   });
 });

@@ -193,7 +193,7 @@ export interface ListEmailsQuery {
   limit?: number;
   after?: string;
   before?: string;
-  /** The recipient's address, exactly (case aside): an index range, even with 1,000,000 emails. */
+  /** The recipient's address, exactly (case and a display name aside): an index range, even with 1,000,000 emails. */
   to?: string;
   lastEvent?: LastEvent;
 }
@@ -212,7 +212,8 @@ export async function listEmails(em: EntityManager, organizationId: string, quer
   }
   const fields = { exclude: ['html', 'text', 'content'] as const };
   const filters = {
-    ...(query.to !== undefined ? { [raw('lower(to_address)')]: query.to.trim().toLowerCase() } : {}),
+    // Bare addresses on both sides (`Name <addr>` or `addr`), by the index's own expression.
+    ...(query.to !== undefined ? { [raw('email_bare_address(to_address)')]: raw('email_bare_address(?)', [query.to]) } : {}),
     ...(query.lastEvent !== undefined ? lastEventFilter(query.lastEvent) : {}),
   };
   if (query.before !== undefined) {
