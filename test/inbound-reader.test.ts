@@ -122,6 +122,35 @@ describe('reading reports', () => {
     expect(verdictOf(await readReport(bare550, ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: 'remote said: 550 no such user' });
   });
 
+  it('reads the status of an unstructured bounce in its own words, not in the copy of the message it quotes', async () => {
+    const notice = (separator: string, quoted: string) =>
+      Buffer.from(
+        `From: MAILER-DAEMON@mail.isp.example\r\nTo: ${SENT.returnPath}\r\nSubject: failure notice\r\n\r\n` +
+          `I tried to deliver a message to <reader@example.com>, but the remote host is temporarily unavailable.\r\n` +
+          `Remote host said: 451 4.3.0 Temporary system failure. Please try again later.\r\n\r\n${separator}\r\n\r\n${quoted}\r\n`,
+      );
+    const copies = [
+      ['--- Below this line is a copy of the message.', `Message-ID: <${SENT.messageId}>\r\nSubject: Weekly news\r\n\r\nUpgrade to version 5.2.1 now`],
+      ['------ This is a copy of the message, including all the headers. ------', 'Subject: Call 550\r\n\r\nCall 550 for the office'],
+      ['----- Original message -----', 'Subject: Release 5.2.1\r\n\r\nHello'],
+      ['', `Received: from mx.acme.test\r\nSubject: Release 5.2.1\r\n\r\nHello`],
+    ];
+    for (const [separator, quoted] of copies) {
+      const verdict = verdictOf(await readReport(notice(separator!, quoted!), ''), ONLY_TO);
+      expect(verdict, separator).toMatchObject({ type: 'bounced', bounceType: 'soft', diagnostic: 'Remote host said: 451 4.3.0 Temporary system failure. Please try again later.' });
+    }
+    // A hard status in the bounce's own words stays hard, whatever the copy holds.
+    const hard = Buffer.from(`From: MAILER-DAEMON@mx.example\r\nSubject: failure\r\n\r\nRemote host said: 550 5.1.1 no such user\r\n\r\n--- Below this line is a copy of the message.\r\n\r\nSubject: 4.2.2\r\n`);
+    expect(verdictOf(await readReport(hard, ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: 'Remote host said: 550 5.1.1 no such user' });
+  });
+
+  it('finds the quoted copy of an unstructured bounce in linear time', async () => {
+    const text = `${'-'.repeat(60_000)}\r\n${' -'.repeat(2_000)}x`;
+    const started = performance.now();
+    await readReport(Buffer.from(`From: MAILER-DAEMON@mx.example\r\nSubject: x\r\n\r\n${text}\r\n`), '');
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
+
   it('ignores an unstructured bounce of an email with copies: it names none of its recipients (docs/outcomes.md)', async () => {
     const report = await readReport(fixture('gmail-unstructured'), '');
     expect(verdictOf(report, { to: SENT.to, copies: ['copy@example.com'] })).toMatchObject({ type: 'ignored' });

@@ -33,6 +33,12 @@ const REPLY_550 = /\b550\b/;
 /** Unstructured bounces are read from their first part of text only. */
 const TEXT_LIMIT = 64 * 1024;
 const DAEMON_LOCAL_PARTS = new Set(['mailer-daemon', 'postmaster', 'mail-daemon', 'mailerdaemon', 'mdaemon']);
+// Where an unstructured bounce's own words end and its copy of the returned message begins:
+// the separators qmail, Exim, sendmail, Postfix and webmail bounces write, or the first line
+// of a quoted header block. A status or a 550 in the copy is the customer's text (a version
+// number, a subject), not the bounce's.
+const QUOTED_COPY =
+  /^[ \t>-]*(?:below this line is a copy of the message|this is a copy of the (?:body of the )?message|original message|undelivered message|returned message|(?:received|return-path|message-id|dkim-signature):)/im;
 
 /**
  * Reads a bounce or complaint message (docs/outcomes.md "Bounces and complaints by mail"): an RFC
@@ -156,7 +162,7 @@ export async function readWithMailparser(raw: Buffer, mailFrom: string): Promise
     return { content: { kind: 'arf', feedbackType, recipient: bareAddress(fields?.get('original-rcpt-to')) }, originalMessageId, loop };
   }
 
-  const text = (mail.text ?? '').slice(0, TEXT_LIMIT);
+  const text = ownText((mail.text ?? '').slice(0, TEXT_LIMIT));
   const from = mail.from?.value[0]?.address?.toLowerCase() ?? '';
   const fromDaemon = mailFrom === '' || DAEMON_LOCAL_PARTS.has(from.slice(0, from.indexOf('@')));
   return { content: { kind: 'unstructured', fromDaemon, status: statusInText(text), text }, originalMessageId, loop };
@@ -177,6 +183,12 @@ function recipientStatus(block: Fields): RecipientStatus {
     originalRecipient: bareAddress(block.get('original-recipient')),
     diagnostic: diagnostic ? diagnostic.replace(/^[a-z-]+;\s*/i, '').slice(0, 1_000) : null,
   };
+}
+
+/** An unstructured bounce's text up to its quoted copy of the returned message (QUOTED_COPY). */
+function ownText(text: string): string {
+  const copy = QUOTED_COPY.exec(text);
+  return copy ? text.slice(0, copy.index) : text;
 }
 
 /** The most severe enhanced status in a text (5 before 4), or `5.0.0` for a bare 550 reply. */
