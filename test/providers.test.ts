@@ -240,6 +240,12 @@ describe('POST /webhooks/ses (Amazon SES through SNS)', () => {
     await postSes(snsSign(snsNotification(sesEvent('Complaint', complained, { complaint: { complainedRecipients: [{ emailAddress: complained.to }], complaintFeedbackType: 'abuse' } }))));
     expect(await lastEvent(complained.id)).toBe('complained');
     expect(await suppressed(complained.to)).toBe(true);
+    // A `not-spam` feedback report (the recipient says it is not spam) changes nothing, as by mail.
+    const notSpam = await sent('ses-not-spam');
+    const report = sesEvent('Complaint', notSpam, { complaint: { complainedRecipients: [{ emailAddress: notSpam.to }], complaintFeedbackType: 'not-spam' } });
+    expect(await (await postSes(snsSign(snsNotification(report)))).json()).toEqual({ received: 0, applied: 0, ignored: 0 });
+    expect(await lastEvent(notSpam.id)).toBe('sent');
+    expect(await suppressed(notSpam.to)).toBe(false);
 
     const delivered = await sent('ses-delivery');
     const delay = snsSign(snsNotification(sesEvent('DeliveryDelay', delivered, { deliveryDelay: { delayType: 'MailboxFull', delayedRecipients: [{ emailAddress: delivered.to, diagnosticCode: '452 4.2.2 mailbox full' }] } })));
@@ -460,7 +466,8 @@ describe('POST /webhooks/sendgrid', () => {
       sendgridEvent('spamreport', complained!),
       sendgridEvent('deferred', delivered!, { response: '400 try again later', attempt: '1' }),
       sendgridEvent('delivered', delivered!, { response: '250 OK' }),
-      sendgridEvent('blocked', blocked!, { type: 'blocked', status: '5.7.1', reason: 'blocked by policy' }),
+      // A block as SendGrid sends it: a `bounce` event of type `blocked` (about the sender, not the mailbox).
+      sendgridEvent('bounce', blocked!, { type: 'blocked', status: '5.7.1', reason: '550 5.7.1 Client host blocked using Spamhaus', bounce_classification: 'Reputation' }),
       sendgridEvent('open', delivered!),
     ];
     expect((await sendgridPost(batch)).json()).toEqual({ received: 5, applied: 5, ignored: 0 });

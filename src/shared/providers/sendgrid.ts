@@ -44,10 +44,14 @@ interface SendgridEvent {
   reason?: string;
   status?: string;
   response?: string;
+  /** Of a `bounce` event: `bounce` (the mailbox refused) or `blocked` (the receiving server refused the sender). */
+  type?: string;
 }
 
 /**
- * delivered; bounce = hard; blocked = soft; dropped = soft (SendGrid never tried: the reason
+ * delivered; bounce = hard, unless its `type` is `blocked` (SendGrid reports a block, about the
+ * sender's reputation or content and not the mailbox, as a `bounce` event of that type) = soft;
+ * blocked = soft; dropped = soft (SendGrid never tried: the reason
  * may be its own suppression, not the mailbox); deferred = delivery delayed (SendGrid is
  * still retrying, so the email is not marked bounced); spamreport = complaint.
  */
@@ -65,7 +69,7 @@ export function sendgridFeedback(body: unknown): DeliveryFeedback[] {
         out.push({ type: 'delivered', ...match });
         break;
       case 'bounce':
-        out.push({ type: 'bounced', ...match, bounceType: 'hard', diagnostic });
+        out.push({ type: 'bounced', ...match, bounceType: item.type === 'blocked' ? 'soft' : 'hard', diagnostic });
         break;
       case 'blocked':
       case 'dropped':

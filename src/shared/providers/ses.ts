@@ -4,7 +4,9 @@ import type { DeliveryFeedback } from '../outcomes/provider-events.js';
  * Amazon SES notifications, the `Message` of an SNS Notification (docs/outcomes.md). Both
  * shapes SES publishes are read: feedback notifications (`notificationType`) and event
  * publishing through a configuration set (`eventType`). Bounce: Permanent = hard,
- * Transient (and Undetermined) = soft; Complaint; Delivery; DeliveryDelay.
+ * Transient (and Undetermined) = soft; Complaint, unless its `complaintFeedbackType` (the ISP's
+ * ARF Feedback-Type) is one other than `abuse`, as a report by mail (`not-spam`: the recipient
+ * says it is not spam); Delivery; DeliveryDelay.
  */
 interface SesMail {
   messageId?: string;
@@ -17,6 +19,8 @@ interface SesNotification {
   mail?: SesMail;
   bounce?: { bounceType?: string; bounceSubType?: string; bouncedRecipients?: { diagnosticCode?: string; status?: string }[] };
   deliveryDelay?: { delayType?: string; delayedRecipients?: { diagnosticCode?: string }[] };
+  /** `complaintFeedbackType`: the ISP's ARF `Feedback-Type`, when it sent one. */
+  complaint?: { complaintFeedbackType?: string };
 }
 
 /** The Message-ID the sender set, when SES kept the original headers. */
@@ -43,8 +47,10 @@ export function sesFeedback(message: string): DeliveryFeedback[] {
       const bounceType = notification.bounce?.bounceType === 'Permanent' ? 'hard' : 'soft';
       return [{ type: 'bounced', ...match, bounceType, diagnostic }];
     }
-    case 'Complaint':
-      return [{ type: 'complained', ...match }];
+    case 'Complaint': {
+      const feedbackType = notification.complaint?.complaintFeedbackType?.toLowerCase();
+      return feedbackType === undefined || feedbackType === 'abuse' ? [{ type: 'complained', ...match }] : [];
+    }
     case 'Delivery':
       return [{ type: 'delivered', ...match }];
     case 'DeliveryDelay':
