@@ -293,6 +293,35 @@ describe('events from real actions', () => {
     await api('DELETE', `/webhooks/${narrow.id}`);
   });
 
+  it('sends email.bounced again when a hard bounce follows a soft one (the address is suppressed from then on); a replay sends nothing', async () => {
+    const endpoint = await createEndpoint('/ok', ['email.bounced']);
+    const sent = await api('POST', '/emails', { from: 'Acme <news@acme.test>', to: 'later-gone@example.com', subject: 'Hi', html: '<p>Hello</p>' });
+    const emailId = sent.json().id as string;
+    const messageId = await waitFor('its Message-ID', async () => (await sql<{ message_id: string | null }>('select message_id from emails where id = ?', [emailId]))[0]?.message_id ?? undefined, 15_000);
+    const report = (bounceType: string, diagnostic: string) => {
+      const raw = JSON.stringify({ type: 'bounced', messageId, bounceType, diagnostic });
+      return ctx.app.inject({
+        method: 'POST',
+        url: '/webhooks/provider',
+        headers: { 'content-type': 'application/json', 'x-mailroom-signature': `sha256=${createHmac('sha256', PROVIDER_SECRET).update(raw).digest('hex')}` },
+        payload: raw,
+      });
+    };
+    expect((await report('soft', '452 4.2.2 mailbox full')).statusCode).toBe(200);
+    await eventOf('/ok', endpoint.secret, 'email.bounced', (d) => d.email_id === emailId && (d.bounce as { type: string }).type === 'soft');
+    expect((await report('hard', '550 5.1.1 user unknown')).statusCode).toBe(200);
+    const hard = await eventOf('/ok', endpoint.secret, 'email.bounced', (d) => d.email_id === emailId && (d.bounce as { type: string }).type === 'hard');
+    expect(hard.event.data.bounce).toEqual({ type: 'hard', diagnostic: '550 5.1.1 user unknown' });
+    // The email's event says hard now, and the address is suppressed.
+    expect(await sql(`select details->>'bounceType' as type from email_events where email_id = ? and type = 'bounced'`, [emailId])).toEqual([{ type: 'hard' }]);
+    expect(await sql(`select reason from suppressions where address = 'later-gone@example.com'`)).toEqual([{ reason: 'hard_bounce' }]);
+    // Replays of either, and a soft bounce after the hard one, are not news.
+    for (const [type, diagnostic] of [['hard', '550 5.1.1 user unknown'], ['soft', '452 4.2.2 mailbox full']] as const) expect((await report(type, diagnostic)).statusCode).toBe(200);
+    const [{ n }] = await sql<{ n: number }>(`select count(*)::int as n from webhook_messages where endpoint_id = ? and type = 'email.bounced'`, [endpoint.id]);
+    expect(n).toBe(2);
+    await api('DELETE', `/webhooks/${endpoint.id}`);
+  });
+
   it('writes nothing for an organization without endpoints, and nothing when the change rolls back', async () => {
     const before = await sql<{ n: number }>('select count(*)::int as n from webhook_messages');
     const other = await createOrg(ctx.services, { name: 'No hooks' });

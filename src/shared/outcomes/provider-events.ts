@@ -104,7 +104,8 @@ export function bareMessageId(value: string): string {
  */
 async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, FeedbackEmail>, items: readonly FeedbackItem[], now: Date): Promise<(FeedbackResult | undefined)[]> {
   const events: NewDeliveryEvent[] = [];
-  const firstOfKey = new Map<string, number>();
+  // The event written for each key (email, type, recipient), and the item it came from.
+  const eventOf = new Map<string, { i: number; event: NewDeliveryEvent }>();
   const status = new Map<string, string | null>();
   const changedEmails = new Set<string>();
   const suppressions = new Map<string, { organizationId: string; address: string; reason: 'hard_bounce' | 'complaint'; emailId: string }>();
@@ -130,9 +131,15 @@ async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, Fee
       ...(item.copy ? { recipient: item.copy } : {}),
     };
     const key = deliveryEventKey(email.id, item.type, item.copy);
-    if (!firstOfKey.has(key)) {
-      firstOfKey.set(key, i);
-      events.push({ emailId: email.id, organizationId: email.organization_id, type: item.type, details });
+    const earlier = eventOf.get(key);
+    if (!earlier) {
+      const event = { emailId: email.id, organizationId: email.organization_id, type: item.type, details };
+      eventOf.set(key, { i, event });
+      events.push(event);
+    } else if (bounceType === 'hard' && earlier.event.details.bounceType === 'soft') {
+      // A hard bounce after a soft one in the same batch: the hard one is the event, as across batches (insertDeliveryEvents).
+      earlier.i = i;
+      earlier.event.details = details;
     }
     let changed = false;
     if (!item.copy && item.type !== 'delivery_delayed') {
@@ -164,7 +171,7 @@ async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, Fee
   });
 
   const inserted = await insertDeliveryEvents(tx, events, now);
-  const fresh = (p: NonNullable<(typeof planned)[number]>) => firstOfKey.get(p.key) === p.i && inserted.has(p.key);
+  const fresh = (p: NonNullable<(typeof planned)[number]>) => eventOf.get(p.key)?.i === p.i && inserted.has(p.key);
   // Customer webhooks (docs/webhooks.md) for the new events of the `to`, one statement a type.
   const hooks = new Map<ProviderOutcome, { emailId: string; extra?: Record<string, unknown> }[]>();
   for (const p of planned) {

@@ -113,7 +113,9 @@ export const deliveryEventKey = (emailId: string, type: string, recipient: strin
 /**
  * Inserts provider events, once per email, type and recipient (`details.recipient`, absent
  * for the `to`; the caller passes each key once); returns the keys (`deliveryEventKey`) of
- * the rows written now.
+ * the rows written now. A hard bounce after a soft one is news (the address is suppressed
+ * from now on): it replaces the soft bounce's row and counts as written; any other repeat
+ * changes nothing.
  */
 export async function insertDeliveryEvents(em: EntityManager, events: readonly NewDeliveryEvent[], at: Date): Promise<Set<string>> {
   if (events.length === 0) return new Set();
@@ -122,7 +124,9 @@ export async function insertDeliveryEvents(em: EntityManager, events: readonly N
     `insert into email_events (email_id, organization_id, type, occurred_at, details)
      select v.email_id, v.organization_id, v.type, ?::timestamptz, v.details
      from jsonb_to_recordset(?::jsonb) as v(email_id text, organization_id text, type text, details jsonb)
-     on conflict (email_id, type, (coalesce(details ->> 'recipient', ''))) where type in ('delivered', 'bounced', 'complained', 'delivery_delayed') do nothing
+     on conflict (email_id, type, (coalesce(details ->> 'recipient', ''))) where type in ('delivered', 'bounced', 'complained', 'delivery_delayed')
+     do update set details = excluded.details, occurred_at = excluded.occurred_at
+       where email_events.details ->> 'bounceType' = 'soft' and excluded.details ->> 'bounceType' = 'hard'
      returning email_id, type, coalesce(details ->> 'recipient', '') as recipient`,
     [at, JSON.stringify(events.map((e) => ({ email_id: e.emailId, organization_id: e.organizationId, type: e.type, details: e.details })))],
   );
