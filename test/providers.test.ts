@@ -429,6 +429,10 @@ describe('POST /webhooks/mailgun', () => {
       expect(response.statusCode).toBe(401);
       expect(response.json()).toMatchObject({ name: 'invalid_signature' });
     }
+    // Ahead of this server's clock as much: refused too, saying which way the clock is off.
+    const ahead = await mailgun(mailgunSigned(event, { timestamp: Math.floor(Date.now() / 1000) + 11 * 60 }));
+    expect(ahead.statusCode).toBe(401);
+    expect(ahead.json().message).toMatch(/more than 10 minutes away from this server's clock/);
     expect(await lastEvent(email.id)).toBe('sent');
     expect((await mailgun('not json')).statusCode).toBe(400);
     expect((await mailgun(mailgunSigned(mailgunEvent('opened', email)))).json()).toEqual({ received: 0, applied: 0, ignored: 0 });

@@ -134,7 +134,7 @@ export async function providerWebhookRoutes(app: App): Promise<void> {
           throw new AppError(401, 'invalid_signature', 'Missing or invalid X-Mailroom-Signature');
         }
         if (stamp !== undefined && Math.abs(app.services.clock().getTime() / 1000 - Number(stamp.trim())) > WEBHOOK_MAX_AGE_S) {
-          throw new AppError(401, 'invalid_signature', 'The event is more than 10 minutes old (X-Mailroom-Timestamp): refused as a possible replay');
+          throw new AppError(401, 'invalid_signature', "X-Mailroom-Timestamp is more than 10 minutes away from this server's clock: refused as a possible replay (or a clock that is off)");
         }
       },
     },

@@ -21,7 +21,7 @@ export function verifyMailgun(body: unknown, signingKey: string, now: Date): Mai
   if (!safeEqual(hex.toLowerCase(), expected)) return { ok: false, reason: 'the signature does not match' };
   const seconds = Number(timestamp);
   if (!Number.isFinite(seconds) || Math.abs(now.getTime() - seconds * 1000) > MAILGUN_MAX_SKEW_MS) {
-    return { ok: false, reason: 'the timestamp is more than 10 minutes old' };
+    return { ok: false, reason: "the timestamp is more than 10 minutes away from this server's clock (a replay, or a clock that is off)" };
   }
   return { ok: true };
 }

@@ -22,7 +22,7 @@ export function verifySendgrid(raw: Buffer, signature: string | undefined, times
   if (!signature || !timestamp) return { ok: false, reason: 'missing signature headers' };
   const seconds = Number(timestamp);
   if (!Number.isFinite(seconds) || Math.abs(now.getTime() - seconds * 1000) > SENDGRID_MAX_SKEW_MS) {
-    return { ok: false, reason: 'the timestamp is more than 10 minutes old' };
+    return { ok: false, reason: "the timestamp is more than 10 minutes away from this server's clock (a replay, or a clock that is off)" };
   }
   const verifier = createVerify('sha256');
   verifier.update(timestamp);
