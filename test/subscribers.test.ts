@@ -89,6 +89,15 @@ describe('POST /api/v2/subscribers (docs/audience.md "Writes")', () => {
     expect(body.warnings.join('\n')).toContain('long');
   });
 
+  it('counts tag names and field values in characters, as the tag endpoints do: an emoji is one', async () => {
+    const emoji = '😀'.repeat(60);
+    expect((await api('POST', '/tags', { name: emoji })).statusCode).toBe(200);
+    const body = await create({ email: 'emoji@example.com', tags: [emoji, '😀'.repeat(101)], fields: { smile: '😀'.repeat(6_000), over: '😀'.repeat(10_001) } });
+    expect(body.tags.map((t: { name: string }) => t.name)).toEqual([emoji]);
+    expect(body.fields).toEqual({ smile: '😀'.repeat(6_000) });
+    expect(body.warnings).toHaveLength(2);
+  });
+
   it('stores ipAddress and country as sign-up evidence', async () => {
     const body = await create({ email: 'evidence@example.com', ipAddress: '203.0.113.7', country: 'fr' });
     const rows = (await ctx.services.orm.em.fork().execute('select signup_ip, signup_country, confirmed_at from subscribers where id = ?', [body.id])) as Array<

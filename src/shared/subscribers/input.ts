@@ -39,8 +39,28 @@ export const TagName = z
   .min(1, 'must be 1 to 100 characters')
   .max(TAG_NAME_MAX, 'must be 1 to 100 characters');
 
+/**
+ * Characters as PostgreSQL and the rest of the API count them (code points), not UTF-16 units:
+ * an emoji is one character, as in a tag name the tag endpoints take.
+ */
+export function characters(value: string): number {
+  let count = value.length;
+  for (let i = 0; i < value.length; i++) {
+    const unit = value.charCodeAt(i);
+    // A high surrogate followed by a low one is one code point.
+    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < value.length) {
+      const next = value.charCodeAt(i + 1);
+      if (next >= 0xdc00 && next <= 0xdfff) {
+        count--;
+        i++;
+      }
+    }
+  }
+  return count;
+}
+
 function shown(value: string): string {
-  return value.length > 40 ? `${value.slice(0, 40)}…` : value;
+  return characters(value) > 40 ? `${[...value].slice(0, 40).join('')}…` : value;
 }
 
 /** Usable tag names (trimmed, de-duplicated regardless of case) and a warning per bad one. */
@@ -49,7 +69,7 @@ export function cleanTagNames(names: readonly string[] | undefined): { names: st
   const warnings: string[] = [];
   for (const raw of names ?? []) {
     const name = raw.trim();
-    if (name.length === 0 || name.length > TAG_NAME_MAX) {
+    if (name.length === 0 || characters(name) > TAG_NAME_MAX) {
       warnings.push(`tag "${shown(raw)}" was not applied: a tag name is 1 to ${TAG_NAME_MAX} characters`);
       continue;
     }
@@ -76,7 +96,7 @@ export function cleanFields(fields: Record<string, string | null> | undefined): 
       );
     } else if (value === null) {
       result.remove.push(name);
-    } else if (value.length > FIELD_VALUE_MAX) {
+    } else if (characters(value) > FIELD_VALUE_MAX) {
       result.warnings.push(`field "${name}" was not applied: its value is longer than ${FIELD_VALUE_MAX} characters`);
     } else {
       result.set[name] = value;
