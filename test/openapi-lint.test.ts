@@ -86,6 +86,24 @@ describe('the OpenAPI document (README.md "API overview")', () => {
     expect(op('/api/v2/tools', 'get').responses['403']!.description).not.toMatch(/needed/);
   });
 
+  it('says every request body refuses unknown fields, as the API does, but the campaign PATCH that ignores them', () => {
+    type Body = { requestBody?: { content: Record<string, { schema: { additionalProperties?: unknown; $ref?: string; anyOf?: unknown[] } }> } };
+    const schemaOf = (path: string, method: string) => (doc.paths[path] as unknown as Record<string, Body>)[method]!.requestBody!.content['application/json']!.schema;
+    for (const [path, method] of [
+      ['/api/v2/tokens', 'post'],
+      ['/api/v2/domains', 'post'],
+      ['/api/v2/subscribers', 'post'],
+      ['/api/v2/subscribers/{subscriber}', 'patch'],
+      ['/api/v2/tags/{tag}', 'patch'],
+      ['/api/v2/events', 'post'],
+      ['/api/v2/verify', 'post'],
+      ['/api/v2/emails', 'post'],
+    ] as const) {
+      expect(schemaOf(path, method).additionalProperties, `${method} ${path}`).toBe(false);
+    }
+    expect(schemaOf('/api/v2/campaigns/{campaignId}', 'patch').additionalProperties).not.toBe(false);
+  });
+
   it('takes a recipient as a string or a list, as the API does', () => {
     const body = (doc.paths['/api/v2/emails'] as unknown as Record<string, { requestBody: { content: Record<string, { schema: { properties: Record<string, { anyOf?: Array<{ type?: string }> }> } }> } }>).post!
       .requestBody.content['application/json']!.schema;

@@ -120,7 +120,9 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     // What a route's config says that its schema cannot: its permission, the name of its 403
     // and the status of its validation errors (read by finishOpenApi).
     transform: (input) => {
-      const out = jsonSchemaTransform(input);
+      // The body as validated (unknown fields refused: strictBody, as the validator compiler above).
+      const body = input.url.startsWith('/api/v2/') ? input.schema?.body : undefined;
+      const out = jsonSchemaTransform(body ? { ...input, schema: { ...input.schema, body: strictBody(body) } } : input);
       const config = (input.route.config ?? {}) as { permission?: string; permissionErrorName?: string; validationStatus?: number };
       const marks = {
         ...(config.permission ? { 'x-permission': config.permission } : {}),
