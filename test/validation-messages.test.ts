@@ -34,6 +34,20 @@ describe('validation messages a person understands', () => {
     const limit = await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?limit=abc', headers: bearer(token) });
     expect(limit.statusCode).toBe(422);
     expect(limit.json().message).toBe('limit: must be a number, got text that is not a number');
+    // A number no field can hold is not called "a number" either.
+    const infinite = await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?limit=Infinity', headers: bearer(token) });
+    expect(infinite.json().message).toBe('limit: must be a number, got a number out of range');
+  });
+
+  it('says the bounds of a number, a text and a list in words, not in zod\'s notation', async () => {
+    const get = (url: string) => ctx.app.inject({ url: `/api/v2${url}`, headers: bearer(token) });
+    expect((await get('/emails?limit=0')).json().message).toBe('limit: must be at least 1');
+    expect((await get('/emails?limit=101')).json().message).toBe('limit: must be at most 100');
+    const subscriber = await post('/subscribers', { email: 'bounds@example.com', fields: null });
+    expect(subscriber.json().message).toBe('fields: must be an object, got null');
+    const empty = await post('/emails', { from: 'a@acme.test', to: 'x@example.com', subject: 'Hi', html: '' });
+    expect(empty.json().message).not.toMatch(/Too small|expected string to have/);
+    for (const res of [subscriber, empty]) expect(res.statusCode).toBe(422);
   });
 });
 

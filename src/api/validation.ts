@@ -25,7 +25,12 @@ function kind(value: unknown): string {
   if (typeof value === 'object') return 'an object';
   if (typeof value === 'string') return 'a string';
   // NaN: a query parameter coerced from text that is not a number (`limit=abc`).
-  if (typeof value === 'number') return Number.isNaN(value) ? 'text that is not a number' : Number.isInteger(value) ? 'a whole number' : 'a number';
+  if (typeof value === 'number') {
+    if (Number.isNaN(value)) return 'text that is not a number';
+    // `1e400` in JSON, `Infinity` in a query: no number a field can hold.
+    if (!Number.isFinite(value)) return 'a number out of range';
+    return Number.isInteger(value) ? 'a whole number' : 'a number';
+  }
   if (typeof value === 'boolean') return value ? 'true' : 'false';
   return typeof value;
 }
@@ -37,12 +42,18 @@ const EXPECTED: Record<string, string> = {
   boolean: 'true or false',
   array: 'a list',
   object: 'an object',
+  record: 'an object',
+  map: 'an object',
   date: 'a date',
   null: 'null',
 };
 
 type Issue = {
   code: string;
+  origin?: string;
+  minimum?: number | bigint;
+  maximum?: number | bigint;
+  inclusive?: boolean;
   expected?: string;
   input?: unknown;
   keys?: string[];
@@ -63,6 +74,9 @@ export function humanMessage(issue: Issue): string | undefined {
         ? `"${keys[0]}" is not a field of this request (check its spelling)`
         : `${keys.map((k) => `"${k}"`).join(', ')} are not fields of this request (check their spelling)`;
     }
+    case 'too_small':
+    case 'too_big':
+      return boundMessage(issue);
     case 'invalid_union': {
       if (issue.input === undefined) return 'is required';
       // The branch of the input's own kind says what is wrong with it: a list of two
@@ -76,6 +90,29 @@ export function humanMessage(issue: Issue): string | undefined {
       if (expected.length > 0) return `must be ${[...new Set(expected)].join(' or ')}, got ${kind(issue.input)}`;
       return undefined;
     }
+    default:
+      return undefined;
+  }
+}
+
+const plural = (n: number | bigint, one: string) => `${n} ${one}${n === 1 ? '' : 's'}`;
+
+/** "must be at least 1", "must be at most 100 characters", "must have at least 1 item". */
+function boundMessage(issue: Issue): string | undefined {
+  const small = issue.code === 'too_small';
+  const bound = small ? issue.minimum : issue.maximum;
+  if (bound === undefined) return undefined;
+  switch (issue.origin) {
+    case 'number':
+    case 'int':
+      if (issue.inclusive === false) return `must be ${small ? 'greater' : 'less'} than ${bound}`;
+      return `must be at ${small ? 'least' : 'most'} ${bound}`;
+    case 'string':
+      if (small && bound === 1) return 'must not be empty';
+      return `must be at ${small ? 'least' : 'most'} ${plural(bound, 'character')}`;
+    case 'array':
+    case 'set':
+      return `must have at ${small ? 'least' : 'most'} ${plural(bound, 'item')}`;
     default:
       return undefined;
   }
