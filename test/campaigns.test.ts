@@ -257,6 +257,11 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     expect((await api('POST', `/campaigns/${abs.id}/send`, { scheduledAt: '2030-07-15T09:00:00+02:00', timezone: 'Asia/Tokyo' })).json().scheduledAt).toBe(
       '2030-07-15T07:00:00.000Z',
     );
+    // A zone name in another case is the zone, kept by its canonical name.
+    const lower = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    const lowerSent = await api('POST', `/campaigns/${lower.id}/send`, { scheduledAt: '2030-07-15T09:00', timezone: 'europe/paris' });
+    expect(lowerSent.json()).toMatchObject({ scheduledAt: '2030-07-15T07:00:00.000Z', timezone: 'Europe/Paris' });
+    expect((await api('GET', `/campaigns/${lower.id}`)).json().timezone).toBe('Europe/Paris');
     const job = await ctx.services.producer.queue('campaigns').getJob(c.id);
     expect(await job?.getState()).toBe('delayed');
     expect(job!.opts.delay).toBeGreaterThan(1e8);

@@ -254,8 +254,10 @@ async function scheduleLockedCampaign(
   const campaign = await findCampaign(em, organizationId, id, { lock: true });
   const v400 = (path: string, message: string) => new ValidationError(`${path}: ${message}`, [{ path, message }], 400);
   if (campaign.status !== 'DRAFT') throw v400('status', `the campaign is ${campaign.status}; only a DRAFT can be sent`);
-  const timezone = input.timezone ?? DEFAULT_TIMEZONE;
-  if (!IANAZone.isValidZone(timezone)) throw v400('timezone', `"${timezone}" is not an IANA time zone (e.g. Europe/Paris)`);
+  const given = input.timezone ?? DEFAULT_TIMEZONE;
+  if (!IANAZone.isValidZone(given)) throw v400('timezone', `"${given}" is not an IANA time zone (e.g. Europe/Paris)`);
+  // Stored and answered by its canonical name (`europe/paris` is Europe/Paris).
+  const timezone = new Intl.DateTimeFormat('en-US', { timeZone: given }).resolvedOptions().timeZone;
   const scheduledAt = input.scheduledAt == null ? now : parseScheduledAt(input.scheduledAt, timezone);
   if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
