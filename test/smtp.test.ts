@@ -292,6 +292,52 @@ describe('bad input gets its reply and stores nothing', () => {
     expect(await counts()).toEqual(before);
   });
 
+  it('takes a recipient at an internationalized domain, in its xn-- form or in Unicode, as the API does', async () => {
+    const reply = await submit('From: app@acme.test\r\nTo: Anna <anna@xn--mnchen-3ya.de>\r\nSubject: idn\r\n\r\nhello', ['anna@xn--mnchen-3ya.de', 'bert@münchen.de']);
+    expect(reply).toMatch(/^250 /);
+    const id = /eml_[0-9a-z]{26}/.exec(reply)![0];
+    const email = (await api('GET', `/emails/${id}`)).json();
+    expect(email.to).toEqual(['Anna <anna@xn--mnchen-3ya.de>']);
+    expect(email.bcc).toEqual(['bert@xn--mnchen-3ya.de']);
+  });
+
+  it('keeps an attachment\'s type as submitted, and gives none a file name it did not have', async () => {
+    const message = [
+      'From: app@acme.test',
+      'To: files@example.com',
+      'Subject: files',
+      'MIME-Version: 1.0',
+      'Content-Type: multipart/mixed; boundary=XX',
+      '',
+      '--XX',
+      'Content-Type: text/plain',
+      '',
+      'hi',
+      '--XX',
+      'Content-Type: application/octet-stream; name="report.pdf"',
+      'Content-Disposition: attachment; filename="report.pdf"',
+      'Content-Transfer-Encoding: base64',
+      '',
+      Buffer.from('hello pdf').toString('base64'),
+      '--XX',
+      'Content-Type: application/octet-stream',
+      'Content-Transfer-Encoding: base64',
+      '',
+      Buffer.from('noname').toString('base64'),
+      '--XX--',
+    ].join('\r\n');
+    const reply = await submit(message, ['files@example.com']);
+    const id = /eml_[0-9a-z]{26}/.exec(reply)![0];
+    const email = await until(() => api('GET', `/emails/${id}`).then((r) => r.json()), (e) => e.last_event === 'sent');
+    expect(email.attachments).toEqual([
+      { filename: 'report.pdf', content_type: 'application/octet-stream', size: 9 },
+      { filename: null, content_type: 'application/octet-stream', size: 6 },
+    ]);
+    const raw = sink.raw[sink.messages.findIndex((m) => m.messageId === `<${id}@acme.test>`)]!.toString('latin1');
+    expect(raw).toContain('Content-Type: application/octet-stream; name=report.pdf');
+    expect(raw).not.toMatch(/attachment-\d/);
+  });
+
   it('too many recipients: 452 4.5.3 past 50', async () => {
     const dialog = await session();
     await dialog.auth(token);

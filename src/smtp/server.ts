@@ -4,7 +4,7 @@ import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMT
 import { callerForSecret } from '../api/plugins/auth.js';
 import type { Services } from '../shared/container.js';
 import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
-import { isAddress } from '../shared/emails/addresses.js';
+import { asciiAddress, isAddress } from '../shared/emails/addresses.js';
 import { readSubmittedMessage } from '../shared/submission/message.js';
 import { replies, SmtpReplyError } from '../shared/submission/reply.js';
 import { storeSubmission } from '../shared/submission/queries.js';
@@ -148,6 +148,8 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     },
 
     onRcptTo(address, session, callback) {
+      // The recipient as the API takes it: its domain in ASCII (smtp-server decoded an xn-- domain).
+      address.address = asciiAddress(address.address);
       if (!isAddress(address.address)) return callback(replies.badRecipient());
       const known = session.envelope.rcptTo.some((r) => r.address.toLowerCase() === address.address.toLowerCase());
       if (!known && session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(replies.tooManyRecipients(MAX_RECIPIENTS));

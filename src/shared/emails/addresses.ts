@@ -1,3 +1,4 @@
+import { domainToASCII } from 'node:url';
 import addressparser from 'nodemailer/lib/addressparser/index.js';
 
 // Pragmatic RFC 5321 mailbox: a local part without spaces, brackets or separators, and a
@@ -7,6 +8,18 @@ const ADDRESS = /^[^\s@<>()[\],;:"\\]{1,64}@(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-
 export interface Mailbox {
   name: string;
   address: string;
+}
+
+/**
+ * The address with its domain in ASCII (IDNA): smtp-server and mailparser hand over
+ * `a@münchen.de` for `a@xn--mnchen-3ya.de`, and the API (like SMTP without SMTPUTF8) takes
+ * the xn-- form. A domain that is not a host name is left as it is, for isAddress to refuse.
+ */
+export function asciiAddress(value: string): string {
+  const at = value.lastIndexOf('@');
+  if (at < 0 || /^[\x00-\x7f]*$/.test(value.slice(at + 1))) return value;
+  const domain = domainToASCII(value.slice(at + 1));
+  return domain ? `${value.slice(0, at)}@${domain}` : value;
 }
 
 export function isAddress(value: string): boolean {

@@ -26,7 +26,8 @@ export function withSubmittedParts(mail: SendMailOptions, parts: SubmittedParts)
     headers: { ...headers, ...(mail.headers as Record<string, string> | undefined) },
     envelope: { from: from ?? false, to: parts.envelopeTo },
     attachments: parts.attachments.map((a) => ({
-      filename: a.filename ?? undefined,
+      // None given, none sent (nodemailer would make up `attachment-1.*`).
+      filename: a.filename ?? (false as const),
       contentType: a.contentType,
       contentDisposition: a.disposition,
       cid: a.contentId ?? undefined,

@@ -1,6 +1,6 @@
 import { simpleParser, type AddressObject, type EmailAddress, type HeaderLines, type ParsedMail } from 'mailparser';
 import type { EmailTag } from '../db/entities/email.js';
-import { isAddress } from '../emails/addresses.js';
+import { asciiAddress, isAddress } from '../emails/addresses.js';
 import { replies } from './reply.js';
 
 /**
@@ -109,13 +109,19 @@ function addressObjects(value: AddressObject | AddressObject[] | undefined): Add
   return Array.isArray(value) ? value : [value];
 }
 
+/** An attachment's Content-Type as submitted (its value, lower-cased, without parameters). */
+function submittedType(attachment: { contentType: string; headers: Map<string, unknown> }): string {
+  const header = attachment.headers.get('content-type') as { value?: unknown } | undefined;
+  return typeof header?.value === 'string' && header.value.includes('/') ? header.value.toLowerCase() : attachment.contentType;
+}
+
 /** Mailboxes of an address header, groups flattened; ones that are not an address are left out. */
 function mailboxes(value: AddressObject | AddressObject[] | undefined): EmailAddress[] {
   const out: EmailAddress[] = [];
   const walk = (entries: EmailAddress[]) => {
     for (const entry of entries) {
       if (entry.group) walk(entry.group);
-      else if (entry.address && isAddress(entry.address)) out.push(entry);
+      else if (entry.address && isAddress(asciiAddress(entry.address))) out.push({ ...entry, address: asciiAddress(entry.address) });
     }
   };
   for (const object of addressObjects(value)) walk(object.value);
@@ -208,7 +214,8 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   const attachments = mail.attachments.map(
     (a): SubmittedAttachment => ({
       filename: a.filename ?? null,
-      contentType: a.contentType || 'application/octet-stream',
+      // The type the client wrote: mailparser replaces application/octet-stream by one guessed from the file name.
+      contentType: submittedType(a) || 'application/octet-stream',
       disposition: a.contentDisposition === 'inline' ? 'inline' : 'attachment',
       contentId: a.cid ?? null,
       content: a.content,
