@@ -1,7 +1,8 @@
 import { spawn } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LAST_EVENTS, lastEvent } from '../src/shared/emails/last-event.js';
-import { insertEmails, listEmails } from '../src/shared/emails/service.js';
+import { getEmail, insertEmails, listEmails } from '../src/shared/emails/service.js';
+import { emailTimeline } from '../src/shared/emails/timeline.js';
 import { checkPassword } from '../src/shared/users/service.js';
 import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { ROOT, runCli } from './helpers/process.js';
@@ -70,6 +71,22 @@ describe('user create and user list (docs/dashboard.md "Getting in")', () => {
     const unknown = await runCli(['user', 'list', '--org', 'org_01aaaaaaaaaaaaaaaaaaaaaaaa'], ctx.env.env);
     expect(unknown.code).toBe(1);
     expect(unknown.stderr).toMatch(/No organization/);
+  });
+});
+
+describe('the timeline of an email on the dashboard', () => {
+  it('shows a delivery the transport reported as it wrote (no event row), after the send, and not twice', async () => {
+    const { organizationId } = await createOrg(ctx.services, { name: 'Timeline' });
+    const [id] = await insertEmails(ctx.services.orm.em.fork(), [{ organizationId, from: 'a@acme.test', to: 'r@example.com', subject: 's', contentKind: 'html' as const, content: '<p>x</p>' }]);
+    await ctx.services.orm.em.fork().execute(`update emails set status = 'sent', sent_at = now(), delivery_status = 'delivered' where id = ?`, [id]);
+    const types = async () => {
+      const em = ctx.services.orm.em.fork();
+      return (await emailTimeline(em, await getEmail(em, organizationId, id!))).map((t) => t.type);
+    };
+    expect(await types()).toEqual(['queued', 'sent', 'delivered']);
+    // A provider's delivery event is the one shown then.
+    await ctx.services.orm.em.fork().execute(`insert into email_events (email_id, organization_id, type, occurred_at, details) values (?, ?, 'delivered', now(), '{}')`, [id, organizationId]);
+    expect(await types()).toEqual(['queued', 'sent', 'delivered']);
   });
 });
 

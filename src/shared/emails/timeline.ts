@@ -21,5 +21,10 @@ export async function emailTimeline(em: EntityManager, email: Email): Promise<Ti
     const diagnostic = typeof e.details?.diagnostic === 'string' ? e.details.diagnostic : null;
     entries.push({ at: new Date(e.occurred_at), type: e.type, detail: e.url ?? diagnostic });
   }
+  // A transport that is the final destination (MAIL_TRANSPORT=file) reports delivery as it
+  // writes, with no event row: the timeline shows it too, at the send.
+  if (email.deliveryStatus === 'delivered' && email.sentAt && !events.some((e) => e.type === 'delivered')) {
+    entries.push({ at: email.sentAt, type: 'delivered', detail: 'reported by the transport when it took the message' });
+  }
   return entries.sort((a, b) => a.at.getTime() - b.at.getTime());
 }
