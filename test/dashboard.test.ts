@@ -205,6 +205,23 @@ describe('dashboard in Chromium', () => {
     await check('email');
   });
 
+  it('fits a long unbroken subject, an error message and an unknown page on the screen, as dashboard pages', async () => {
+    const [org] = await rows('select organization_id from users where email = ?', ['jane@acme.test']);
+    const [longId] = await insertEmails(ctx.services.orm.em.fork(), [
+      { organizationId: org!.organization_id as string, from: 'news@acme.test', to: 'long@example.com', subject: `Grüße ${'x'.repeat(120)}`, contentKind: 'html', content: '<p>x</p>' },
+    ]);
+    await page.goto(`${base}/app/emails/${longId}`);
+    await check('email-long-subject', false);
+    const refused = await page.goto(`${base}/app/emails?event=${'bogus'.repeat(20)}`);
+    expect(refused!.status()).toBe(422);
+    await check('error-page', false);
+    const missing = await page.goto(`${base}/app/no-such-page`);
+    expect(missing!.status()).toBe(404);
+    expect(missing!.headers()['content-type']).toMatch(/^text\/html/);
+    expect(await page.locator('[role=alert]').textContent()).toContain('no such page');
+    await check('not-found', false);
+  });
+
   it('adds a domain and shows its DKIM record with a copy button; adds a sender', async () => {
     await page.goto(`${base}/app/domains`);
     await page.fill('#domain', 'acme.test');

@@ -17,10 +17,10 @@ a { color: var(--accent); }
 .signout { margin-left: auto; display: flex; gap: 8px; align-items: center; }
 .who { color: var(--muted); font-size: 14px; overflow-wrap: anywhere; }
 main { padding: 16px; max-width: 1200px; margin: 0 auto; }
-h1 { font-size: 1.6rem; margin: 8px 0 16px; }
+h1 { font-size: 1.6rem; margin: 8px 0 16px; overflow-wrap: anywhere; }
 h2 { font-size: 1.25rem; margin: 24px 0 8px; }
 .notice { background: #ecfdf5; border: 1px solid #a7f3d0; color: var(--ok); padding: 8px 12px; }
-.error { background: #fef2f2; border: 1px solid #fecaca; color: var(--bad); padding: 8px 12px; }
+.error { background: #fef2f2; border: 1px solid #fecaca; color: var(--bad); padding: 8px 12px; overflow-wrap: anywhere; }
 .secret { font-family: ui-monospace, monospace; background: var(--soft); padding: 8px; overflow-wrap: anywhere; border: 1px solid var(--line); }
 form.inline, .filters { display: flex; flex-wrap: wrap; gap: 8px; align-items: flex-end; margin: 8px 0 16px; }
 label { display: block; font-weight: 600; font-size: 14px; }
@@ -42,7 +42,7 @@ td.value { font-family: ui-monospace, monospace; font-size: 13px; overflow-wrap:
 .badge.FAILED, .badge.bounced, .badge.failed, .badge.complained, .badge.BOUNCED, .badge.COMPLAINED { color: var(--bad); border-color: #fca5a5; }
 fieldset.events { display: grid; grid-template-columns: repeat(auto-fill, minmax(14rem, 1fr)); gap: 0 16px; margin: 0 0 12px; border: 1px solid var(--line); min-width: 0; }
 fieldset.events .field { margin-bottom: 6px; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; }
+dl.facts { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 4px 16px; }
 dl.facts dt { font-weight: 600; }
 dl.facts dd { margin: 0; overflow-wrap: anywhere; }
 .split { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }

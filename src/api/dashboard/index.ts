@@ -5,14 +5,14 @@ import multipart from '@fastify/multipart';
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
-import { AppError } from '../../shared/errors.js';
+import { AppError, NotFoundError } from '../../shared/errors.js';
 import { checkPassword, PASSWORD_MAX } from '../../shared/users/service.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
 import type { App } from '../types.js';
 import { audiencePages } from './audience.js';
 import { APP_CSS, APP_JS } from './assets.js';
 import { campaignPages } from './campaigns.js';
-import { formOf, noticeOf, sendPage, type DashboardContext } from './context.js';
+import { formOf, noticeOf, sendPage, signedIn, type DashboardContext } from './context.js';
 import { domainPages } from './domains.js';
 import { emailPages } from './emails.js';
 import { html, page } from './html.js';
@@ -200,5 +200,12 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
   for (const pages of [emailPages, campaignPages, audiencePages, domainPages, verificationPages, tokenPages, webhookPages, settingsPages]) {
     await pages(app, ctx);
   }
+
+  // A page that does not exist (a stale bookmark, a mistyped link): the dashboard's own "Not
+  // found" page, with its navigation, rather than the API's JSON (any route above wins over it).
+  app.get('/app/*', { schema: { hide: true } }, async (request) => {
+    signedIn(request);
+    throw new NotFoundError('There is no such page in the dashboard.');
+  });
 }
 
