@@ -232,6 +232,15 @@ describe('dashboard in Chromium', () => {
     const record = (stored!.dns_records as Array<{ purpose: string; value: string }>).find((r) => r.purpose === 'dkim')!;
     expect(await dkim.locator('button[data-copy]').nth(1).getAttribute('data-copy')).toBe(record.value);
     await check('domain');
+    // This domain's form takes this domain's addresses only.
+    const domainPage = page.url();
+    await page.fill('#sender-name', 'Elsewhere');
+    await page.fill('#sender-email', 'x@mail.acme.test');
+    const [refused] = await Promise.all([page.waitForResponse((r) => r.request().method() === 'POST'), page.click('form[action$="/senders"] button')]);
+    expect(refused.status()).toBe(422);
+    expect(await page.locator('[role=alert]').textContent()).toContain('must be an address at acme.test');
+    expect(await rows(`select 1 from senders where email = 'x@mail.acme.test'`)).toEqual([]);
+    await page.goto(domainPage);
     await page.fill('#sender-name', 'Acme News');
     await page.fill('#sender-email', 'news@acme.test');
     await Promise.all([page.waitForURL(/notice=sender_added/), page.click('form[action$="/senders"] button')]);
