@@ -307,6 +307,22 @@ describe('dashboard in Chromium', () => {
     expect(await rows('select name, subject from campaigns where id = ?', [id])).toEqual([{ name: 'Kept draft', subject: 'Kept subject' }]);
   });
 
+  it('saves Markdown with the API\'s line ends, and leaves content it did not change as it was', async () => {
+    const created = await fetch(`${base}/api/v2/campaigns`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${orgA.token}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ name: 'Line ends', subject: 'Old', content: 'Hi {{name}}\n\n[Unsubscribe]({{unsubscribe_url}})' }),
+    }).then((r) => r.json() as Promise<{ id: string }>);
+    await page.goto(`${base}/app/campaigns/${created.id}`);
+    await page.fill('#subject', 'New');
+    await Promise.all([page.waitForURL(/notice=saved/), page.click('#campaign-form button[type=submit]')]);
+    expect(await rows('select subject, content from campaigns where id = ?', [created.id])).toEqual([{ subject: 'New', content: 'Hi {{name}}\n\n[Unsubscribe]({{unsubscribe_url}})' }]);
+    await page.fill('#content', 'Line one\nLine two\n\n[Unsubscribe]({{unsubscribe_url}})');
+    await Promise.all([page.waitForURL(/notice=saved/), page.click('#campaign-form button[type=submit]')]);
+    const [row] = await rows('select content from campaigns where id = ?', [created.id]);
+    expect(row!.content).toBe('Line one\nLine two\n\n[Unsubscribe]({{unsubscribe_url}})');
+  });
+
   it('imports a CSV with a progress bar, and refuses a file that is not CSV', async () => {
     await page.goto(`${base}/app/audience/import`);
     await check('import');

@@ -24,13 +24,16 @@ const PAGE_SIZE = 25;
 const TIME_ZONES = ['UTC', ...Intl.supportedValuesOf('timeZone').filter((zone) => zone !== 'UTC')];
 const STARTER = 'Hello {{name}},\n\nWrite your message in **Markdown**.\n\n[Unsubscribe]({{unsubscribe_url}})\n';
 
+const lf = (text: string) => text.replace(/\r\n?/g, '\n');
+
 /** The form's fields as the API's body: blank optional fields are left out. */
 function campaignBody(form: Record<string, string>) {
   return {
     name: form.name ?? '',
     subject: form.subject ?? '',
     preview: optional(form.preview) ?? null,
-    content: form.content ?? '',
+    // A textarea submits CRLF line ends (HTML's form encoding); the API's Markdown has LF.
+    content: lf(form.content ?? ''),
     contentType: 'MARKDOWN' as const,
     senderId: optional(form.senderId) ?? null,
     replyTo: optional(form.replyTo) ?? null,
@@ -194,8 +197,10 @@ ${await editor(organizationId, em, user, view, entered)}
     const { caller, user } = signedIn(request, 'campaigns');
     const { id } = request.params as { id: string };
     const form = formOf(request);
-    const values = campaignBody(form);
     const existing = await getCampaign(request.em, caller.organizationId, id);
+    const stored = existing.campaign.content;
+    // Content the form sent back unchanged (line ends aside) is not a change of it.
+    const values = { ...campaignBody(form), ...(typeof stored === 'string' && lf(stored) === lf(form.content ?? '') ? { content: undefined } : {}) };
     try {
       // Content written in another editor is kept as it is: the form shows it read-only.
       const input = parseWith(PatchBody, existing.campaign.contentType === 'MARKDOWN' ? values : { ...values, content: undefined, contentType: undefined });
