@@ -129,4 +129,28 @@ describe('PostgreSQL goes away', () => {
     await pgProxy.restore();
     await expectHealthy();
   });
+
+  it('answers 503 after the connect timeout when its host takes connections and never answers', async () => {
+    // A process of its own, started while the host hangs (no earlier failure known to it).
+    await pgProxy.cut();
+    await pgProxy.hang();
+    const pg = new URL(env.config.databaseUrl);
+    pg.hostname = '127.0.0.1';
+    pg.port = String(pgProxy.port);
+    const hungServices = await createServices(loadConfig({ ...env.env, DATABASE_URL: pg.toString() }), createLogger({ level: 'silent' }));
+    const hungApp = await buildApp(hungServices);
+    try {
+      await hungApp.ready();
+      const started = Date.now();
+      const res = await hungApp.inject({ url: '/api/v2/domains', headers: bearer(token) });
+      expect(Date.now() - started).toBeLessThan(6_000);
+      expectUnavailable(res);
+    } finally {
+      await hungApp.close();
+      await pgProxy.cut();
+      await closeServices(hungServices);
+      await pgProxy.restore();
+    }
+    await expectHealthy();
+  });
 });

@@ -29,5 +29,7 @@ const CONNECTION_CODES = new Set([
   '57P03', // cannot_connect_now
 ]);
 
+// `timeout expired`: pg's connect timeout (connectionTimeoutMillis) on a host that accepts the
+// connection and never answers.
 const CONNECTION_MESSAGES =
-  /enableOfflineQueue|Connection is closed|Command timed out|Connection terminated|connection timeout|timeout exceeded when trying to connect|Knex: Timeout acquiring a connection|Client has encountered a connection error|the database system is (starting up|shutting down)/i;
+  /^timeout expired$|enableOfflineQueue|Connection is closed|Command timed out|Connection terminated|connection timeout|timeout exceeded when trying to connect|Knex: Timeout acquiring a connection|Client has encountered a connection error|the database system is (starting up|shutting down)/i;

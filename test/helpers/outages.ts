@@ -124,9 +124,19 @@ export class TcpProxy {
     return proxy;
   }
 
+  /** Listens again, taking connections and never answering them (a host that hangs). */
+  async hang(): Promise<void> {
+    await this.cut();
+    await this.listen((client) => {
+      this.sockets.add(client);
+      client.on('close', () => this.sockets.delete(client));
+      client.on('error', () => client.destroy());
+    });
+  }
+
   async restore(): Promise<void> {
     if (this.server) return;
-    const server = createServer((client) => {
+    await this.listen((client) => {
       const upstream = connect(this.targetPort, this.targetHost);
       for (const socket of [client, upstream]) {
         this.sockets.add(socket);
@@ -138,6 +148,10 @@ export class TcpProxy {
       }
       client.pipe(upstream).pipe(client);
     });
+  }
+
+  private async listen(onConnection: (client: Socket) => void): Promise<void> {
+    const server = createServer(onConnection);
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       server.listen(this.port, '127.0.0.1', () => resolve());
