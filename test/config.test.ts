@@ -1,5 +1,9 @@
+import { generateKeyPairSync } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, DEVELOPMENT_SECRET_KEY, loadConfig } from '../src/shared/config.js';
+
+// A verification key as SendGrid's console shows it (base64 DER of a P-256 public key).
+const SENDGRID_KEY = generateKeyPairSync('ec', { namedCurve: 'prime256v1' }).publicKey.export({ type: 'spki', format: 'der' }).toString('base64');
 import { runService } from './helpers/process.js';
 
 function problems(env: Record<string, string>): string[] {
@@ -43,8 +47,9 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
     expect(config.adminPassword).toBeUndefined();
   });
 
-  it('treats an empty variable as unset', () => {
+  it('treats an empty or blank variable as unset', () => {
     expect(loadConfig({ PORT: '', SECRET_KEY: '', WORKER_QUEUES: '' })).toMatchObject({ port: 3000, usingDevelopmentSecret: true });
+    expect(loadConfig({ PORT: '  ', VERIFY_MONTHLY_QUOTA: '\t', INBOUND_SMTP_PORT: ' ' })).toMatchObject({ port: 3000, verifyMonthlyQuota: 1000, inbound: { port: 2525 } });
   });
 
   it('reads every variable', () => {
@@ -89,7 +94,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       POSTMARK_WEBHOOK_USER: 'pm',
       POSTMARK_WEBHOOK_PASSWORD: 'pm-pw',
       MAILGUN_WEBHOOK_SIGNING_KEY: 'mg-key',
-      SENDGRID_WEBHOOK_PUBLIC_KEY: 'sg-key',
+      SENDGRID_WEBHOOK_PUBLIC_KEY: SENDGRID_KEY,
       INBOUND_SMTP_HOST: '0.0.0.0',
       INBOUND_SMTP_PORT: '25',
       INBOUND_MAX_MESSAGE_BYTES: '2048',
@@ -127,7 +132,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
         ses: { enabled: true, topicArns: ['arn:aws:sns:eu-west-1:1:a', 'arn:aws:sns:eu-west-1:1:b'] },
         postmark: { user: 'pm', password: 'pm-pw' },
         mailgunSigningKey: 'mg-key',
-        sendgridPublicKey: 'sg-key',
+        sendgridPublicKey: SENDGRID_KEY,
       },
       adminPassword: 'admin-pw',
       allowUnverifiedDomains: true,
@@ -231,10 +236,21 @@ describe('an invalid variable is named', () => {
     ['SMTP_SUBMISSION_PORT', '70000'],
     ['SMTP_MAX_MESSAGE_BYTES', '10'],
     ['SMTP_SUBMISSION_TLS_PORT', '465'],
+    ['DATABASE_URL', 'postgres://user:hunter2@127.0.0.1:notaport/db'],
+    ['REDIS_URL', 'redis://:hunter2@127.0.0.1:notaport'],
+    ['SENDGRID_WEBHOOK_PUBLIC_KEY', 'not-base64!!'],
+    ['WORKER_QUEUES', 'emails,bogus'],
   ])('%s=%s', (variable, value) => {
     const found = problems({ [variable]: value });
     expect(found).toHaveLength(1);
     expect(found[0].startsWith(`${variable}: `)).toBe(true);
+    // The message never repeats the value (a URL holds a password).
+    expect(found[0]).not.toContain('hunter2');
+  });
+
+  it('refuses an SMTP_URL that is not a URL, without repeating it', () => {
+    const found = problems({ MAIL_TRANSPORT: 'smtp', SMTP_URL: 'smtp://user:hunter2@host:notaport' });
+    expect(found).toEqual([expect.stringMatching(/^SMTP_URL: is not a valid URL/)]);
   });
 
   it('requires SMTP_TLS_CERT_FILE and SMTP_TLS_KEY_FILE together, naming the missing one', () => {

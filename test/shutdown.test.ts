@@ -6,6 +6,7 @@ import { createRedis } from '../src/shared/redis.js';
 import { defineProcessor, startWorkers } from '../src/workers/runner.js';
 import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { runService, type ServiceProcess } from './helpers/process.js';
+import { freePort, waitFor } from './helpers/outages.js';
 import { openDialog } from './helpers/smtp-dialog.js';
 
 let ctx: TestContext;
@@ -213,6 +214,47 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
       await proc.waitFor(/"queues":\["maintenance"\].*workers started/);
       proc.child.kill('SIGTERM');
       expect(await proc.exited).toBe(0);
+    } finally {
+      proc.kill();
+    }
+  });
+
+  it('exits 1 with one line naming the setting when a port is in use or a file it names cannot be read', async () => {
+    const taken = createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    const { port } = taken.address() as { port: number };
+    try {
+      const cases: Array<[string, Record<string, string>, RegExp]> = [
+        ['src/api/server.ts', { PORT: String(port) }, new RegExp(`^mailroom: PORT: 127\\.0\\.0\\.1:${port} is already in use`)],
+        ['src/inbound/main.ts', { INBOUND_SMTP_PORT: String(port) }, /^mailroom: INBOUND_SMTP_PORT: .* is already in use/],
+        ['src/inbound/main.ts', { INBOUND_SMTP_PORT: '0', INBOUND_TLS_KEY: '/nonexistent/key.pem', INBOUND_TLS_CERT: '/nonexistent/cert.pem' }, /^mailroom: INBOUND_TLS_KEY: cannot read \/nonexistent\/key\.pem \(ENOENT\)/],
+      ];
+      for (const [entry, env, message] of cases) {
+        const proc = runService(entry, [], { ...ctx.env.env, ...env });
+        expect(await proc.exited, entry).toBe(1);
+        expect(proc.stderr(), entry).toMatch(message);
+        expect(proc.stderr(), entry).not.toMatch(/\n\s+at /);
+      }
+    } finally {
+      taken.close();
+    }
+  });
+
+  it('a worker refuses an outbox directory it cannot write, naming MAIL_OUTBOX_DIR', async () => {
+    const proc = runService('src/workers/main.ts', [], { ...ctx.env.env, MAIL_TRANSPORT: 'file', MAIL_OUTBOX_DIR: '/etc/passwd/outbox' });
+    expect(await proc.exited).toBe(1);
+    expect(proc.stderr()).toMatch(/^mailroom: MAIL_OUTBOX_DIR: cannot create or write the directory \/etc\/passwd\/outbox \(ENOTDIR\)/);
+  });
+
+  it('a worker started while Redis is unreachable answers /healthz, and /readyz 503, while it waits', async () => {
+    const [metricsPort, nothing] = [await freePort(), await freePort()];
+    const proc = runService('src/workers/main.ts', [], { ...ctx.env.env, REDIS_URL: `redis://127.0.0.1:${nothing}`, WORKER_METRICS_PORT: String(metricsPort) });
+    try {
+      const health = await waitFor('worker /healthz', async () => (await fetch(`http://127.0.0.1:${metricsPort}/healthz`).catch(() => undefined))?.status, 20_000);
+      expect(health).toBe(200);
+      const ready = await fetch(`http://127.0.0.1:${metricsPort}/readyz`);
+      expect(ready.status).toBe(503);
+      expect(await ready.json()).toMatchObject({ name: 'service_unavailable', checks: { redis: 'down' } });
     } finally {
       proc.kill();
     }

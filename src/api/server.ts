@@ -1,13 +1,15 @@
 import { pathToFileURL } from 'node:url';
 import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices, type Services } from '../shared/container.js';
+import { listenOrExplain } from '../shared/startup.js';
 import { buildApp } from './app.js';
 import type { App } from './types.js';
 
 /** Starts the API on HOST:PORT with the given services; returns the listening app. */
 export async function startApi(services: Services): Promise<App> {
   const app = await buildApp(services, { logRequests: services.config.logLevel === 'debug' || services.config.logLevel === 'trace' });
-  await app.listen({ host: services.config.host, port: services.config.port });
+  const { host, port } = services.config;
+  await listenOrExplain(() => app.listen({ host, port }), { variable: 'HOST', value: host }, { variable: 'PORT', value: port });
   return app;
 }
 

@@ -1,10 +1,10 @@
-import { readFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { SMTPServer, type SMTPServerAddress, type SMTPServerSession } from 'smtp-server';
 import type { ReturnPaths } from '../shared/bounces/return-path.js';
 import { insertReports, newReportId, type NewReport } from '../shared/bounces/queries.js';
 import type { Services } from '../shared/container.js';
 import type { Logger } from '../shared/logger.js';
+import { listenOn, readSettingFile } from '../shared/startup.js';
 import { replies } from '../shared/submission/reply.js';
 
 /** One accepted message: its envelope and bytes, for each valid return-path recipient. */
@@ -126,13 +126,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
     },
   });
   server.on('error', (error) => logger.warn({ err: error }, 'inbound SMTP error'));
-  await new Promise<void>((resolve, reject) => {
-    server.server.once('error', reject);
-    server.listen(options.port, options.host, () => {
-      server.server.off('error', reject);
-      resolve();
-    });
-  });
+  await listenOn(server, { variable: 'INBOUND_SMTP_HOST', value: options.host }, { variable: 'INBOUND_SMTP_PORT', value: options.port });
   const address = server.server.address() as AddressInfo;
   return {
     port: address.port,
@@ -232,7 +226,7 @@ function storeReports(services: Services): { accept: (message: InboundMessage) =
 export async function startInbound(services: Services, overrides: Partial<Pick<InboundServerOptions, 'port' | 'host' | 'accept'>> = {}): Promise<InboundServer> {
   const c = services.config.inbound;
   const store = overrides.accept ? undefined : storeReports(services);
-  const tls = c.tlsKeyFile && c.tlsCertFile ? { key: await readFile(c.tlsKeyFile), cert: await readFile(c.tlsCertFile) } : undefined;
+  const tls = c.tlsKeyFile && c.tlsCertFile ? { key: await readSettingFile(c.tlsKeyFile, 'INBOUND_TLS_KEY'), cert: await readSettingFile(c.tlsCertFile, 'INBOUND_TLS_CERT') } : undefined;
   return startInboundServer({
     host: c.host,
     port: c.port,

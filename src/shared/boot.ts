@@ -1,7 +1,9 @@
+import { inspect } from 'node:util';
 import { setFlagsFromString } from 'node:v8';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import { createLogger, type Logger } from './logger.js';
 import { resolveSecretKey } from './secret-key.js';
+import { StartupError } from './startup.js';
 
 /** Parses the environment or stops the process with a message naming each bad variable. */
 export function bootConfig(name: string): { config: Config; logger: Logger } {
@@ -19,6 +21,12 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
     throw error;
   }
   limitHeapGrowth(config.heapGrowingPercent);
+  // A start-up problem that names its setting (a port in use, a file that cannot be read) is
+  // told in one line, as a configuration error is; anything else as node tells it.
+  process.on('uncaughtException', (error) => {
+    process.stderr.write(error instanceof StartupError ? `mailroom: ${error.message}\n` : `${inspect(error)}\n`);
+    process.exit(1);
+  });
   const logger = createLogger({ level: config.logLevel, name });
   if (warning) logger.warn(warning);
   return { config, logger };

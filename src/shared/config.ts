@@ -1,5 +1,7 @@
 import { z } from 'zod';
 import { normalizeHostname } from './domains/hostname.js';
+import { sendgridKey } from './providers/sendgrid.js';
+import { QUEUE_NAMES } from './queues/registry.js';
 
 // Used only outside production, so that `npm install && npm start` runs with no setup.
 // Start-up logs a warning whenever it is in use.
@@ -11,6 +13,24 @@ const booleanish = z
 
 const optionalPositiveInt = z.coerce.number().int().positive().optional();
 
+// Checked as a whole URL (a port that is not a number, say): one that passes the scheme check
+// and fails later would stop start-up with a stack trace holding its password. The message
+// never repeats the value.
+const connectionUrl = (scheme: RegExp, expected: string) =>
+  z.string().superRefine((v, ctx) => {
+    if (!scheme.test(v)) ctx.addIssue({ code: 'custom', message: expected });
+    else if (!URL.canParse(v)) ctx.addIssue({ code: 'custom', message: 'is not a valid URL (check its port, and percent-encode any special character of the password)' });
+  });
+
+function isSendgridKey(value: string): boolean {
+  try {
+    sendgridKey(value);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 const hostPort = z
   .string()
   .regex(/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+|[0-9a-fA-F:]+)(:\d{1,5})?$/, 'expected host or host:port');
@@ -18,19 +38,13 @@ const hostPort = z
 const envSchema = z
   .object({
     NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
-    DATABASE_URL: z
-      .string()
-      .regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL')
-      .default('postgres://postgres@127.0.0.1:5432/mailroom'),
+    DATABASE_URL: connectionUrl(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').default('postgres://postgres@127.0.0.1:5432/mailroom'),
     // Named (server-side) prepared statements on the hot paths. A connection pooler in
     // transaction mode that does not track them (PgBouncer before 1.21, or without
     // max_prepared_statements) hands a statement to a server connection that never prepared it:
     // set false there.
     DATABASE_PREPARED_STATEMENTS: booleanish.default(true),
-    REDIS_URL: z
-      .string()
-      .regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL')
-      .default('redis://127.0.0.1:6379'),
+    REDIS_URL: connectionUrl(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').default('redis://127.0.0.1:6379'),
     // Every Redis key of the service starts with this, so several installations (or the
     // test suite) can share one Redis without seeing each other's queues.
     REDIS_PREFIX: z
@@ -44,10 +58,7 @@ const envSchema = z
     SECRET_KEY: z.string().min(32, 'must be at least 32 characters').optional(),
     MAIL_TRANSPORT: z.enum(['file', 'smtp']).default('file'),
     MAIL_OUTBOX_DIR: z.string().min(1).default('./data/outbox'),
-    SMTP_URL: z
-      .string()
-      .regex(/^smtps?:\/\//, 'expected an smtp:// or smtps:// URL')
-      .optional(),
+    SMTP_URL: connectionUrl(/^smtps?:\/\//, 'expected an smtp:// or smtps:// URL').optional(),
     DNS_SERVERS: z
       .string()
       .optional()
@@ -81,11 +92,16 @@ const envSchema = z
     WORKER_QUEUES: z
       .string()
       .optional()
-      .transform((v) =>
-        v === undefined || v.trim() === '' || v.trim() === 'all'
-          ? undefined
-          : v.split(',').map((s) => s.trim()).filter(Boolean),
-      ),
+      .transform((v, ctx) => {
+        if (v === undefined || v.trim() === '' || v.trim() === 'all') return undefined;
+        const queues = v.split(',').map((s) => s.trim()).filter(Boolean);
+        const unknown = queues.filter((q) => !(QUEUE_NAMES as string[]).includes(q));
+        if (unknown.length > 0) {
+          ctx.addIssue({ code: 'custom', message: `unknown queue ${unknown.join(', ')} (the queues: ${QUEUE_NAMES.join(', ')}, or all)` });
+          return z.NEVER;
+        }
+        return queues;
+      }),
     WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
     PROVIDER_WEBHOOK_SECRET: z.string().min(1).optional(),
     // The providers' own webhooks (docs/outcomes.md). Each provider's endpoint answers 404
@@ -110,7 +126,11 @@ const envSchema = z
     POSTMARK_WEBHOOK_USER: z.string().min(1).optional(),
     POSTMARK_WEBHOOK_PASSWORD: z.string().min(1).optional(),
     MAILGUN_WEBHOOK_SIGNING_KEY: z.string().min(1).optional(),
-    SENDGRID_WEBHOOK_PUBLIC_KEY: z.string().min(1).optional(),
+    SENDGRID_WEBHOOK_PUBLIC_KEY: z
+      .string()
+      .min(1)
+      .refine((v) => isSendgridKey(v), "is not SendGrid's verification key (the base64 public key of its Signed Event Webhook, or a PEM)")
+      .optional(),
     ADMIN_PASSWORD: z.string().min(1).optional(),
     ALLOW_UNVERIFIED_DOMAINS: booleanish.optional(),
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -273,8 +293,9 @@ export class ConfigError extends Error {
 
 /** Parses the environment once. Throws a ConfigError that names every invalid variable. */
 export function loadConfig(source: Record<string, string | undefined> = process.env): Config {
-  // An empty variable means "not set", as in most twelve-factor tools.
-  const env = Object.fromEntries(Object.entries(source).filter(([, v]) => v !== undefined && v !== ''));
+  // An empty (or blank) variable means "not set", as in most twelve-factor tools: `PORT=' '`
+  // is the default port, not port 0.
+  const env = Object.fromEntries(Object.entries(source).filter(([, v]) => v !== undefined && v.trim() !== ''));
   const parsed = envSchema.safeParse(env);
   if (!parsed.success) {
     throw new ConfigError(

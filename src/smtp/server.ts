@@ -1,4 +1,3 @@
-import { readFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMTPServerSession } from 'smtp-server';
 import { callerForSecret } from '../api/plugins/auth.js';
@@ -8,6 +7,7 @@ import { asciiAddress, isAddress } from '../shared/emails/addresses.js';
 import { readSubmittedMessage } from '../shared/submission/message.js';
 import { replies, SmtpReplyError } from '../shared/submission/reply.js';
 import { storeSubmission } from '../shared/submission/queries.js';
+import { listenOn, readSettingFile } from '../shared/startup.js';
 import { holds } from '../shared/tokens/permissions.js';
 import type { Caller } from '../shared/tokens/service.js';
 
@@ -88,11 +88,7 @@ export async function startSubmission(services: Services, options: SubmissionOpt
 
   let tls: { key: Buffer; cert: Buffer } | undefined;
   if (settings.certFile && settings.keyFile) {
-    const read = (file: string, variable: string) =>
-      readFile(file).catch((error: NodeJS.ErrnoException) => {
-        throw new Error(`${variable}: cannot read ${file} (${error.code ?? error.message})`);
-      });
-    tls = { cert: await read(settings.certFile, 'SMTP_TLS_CERT_FILE'), key: await read(settings.keyFile, 'SMTP_TLS_KEY_FILE') };
+    tls = { cert: await readSettingFile(settings.certFile, 'SMTP_TLS_CERT_FILE'), key: await readSettingFile(settings.keyFile, 'SMTP_TLS_KEY_FILE') };
   } else if (production) {
     services.logger.warn('SMTP submission has no certificate (SMTP_TLS_CERT_FILE, SMTP_TLS_KEY_FILE): AUTH is refused over plain text in production');
   }
@@ -182,21 +178,16 @@ export async function startSubmission(services: Services, options: SubmissionOpt
   };
 
   const servers: SMTPServer[] = [];
-  const listen = async (server: SMTPServer, port: number): Promise<number> => {
+  const listen = async (server: SMTPServer, port: number, variable: string): Promise<number> => {
     servers.push(server);
     server.on('error', (error) => services.logger.warn({ err: error }, 'smtp submission connection error'));
-    await new Promise<void>((resolve, reject) => {
-      server.server.once('error', reject);
-      server.listen(port, settings.host, () => {
-        server.server.off('error', reject);
-        resolve();
-      });
-    });
+    await listenOn(server, { variable: 'SMTP_SUBMISSION_HOST', value: settings.host }, { variable, value: port });
     return (server.server.address() as AddressInfo).port;
   };
 
-  const port = await listen(new SMTPServer({ ...handlers, secure: false }), settings.port);
-  const tlsPort = tls && settings.tlsPort !== undefined ? await listen(new SMTPServer({ ...handlers, secure: true }), settings.tlsPort) : undefined;
+  const port = await listen(new SMTPServer({ ...handlers, secure: false }), settings.port, 'SMTP_SUBMISSION_PORT');
+  const tlsPort =
+    tls && settings.tlsPort !== undefined ? await listen(new SMTPServer({ ...handlers, secure: true }), settings.tlsPort, 'SMTP_SUBMISSION_TLS_PORT') : undefined;
   return {
     port,
     tlsPort,

@@ -3,6 +3,7 @@ import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices, type Services } from '../shared/container.js';
 import { keepPlannerStatistics } from '../shared/db/planner-statistics.js';
 import { createRedis } from '../shared/redis.js';
+import { ensureWritableDirectory } from '../shared/startup.js';
 import { processors } from './index.js';
 import { startMetricsServer, type MetricsServer } from './metrics-server.js';
 import { startWorkers, type RunningWorkers } from './runner.js';
@@ -10,22 +11,34 @@ import { startWorkers, type RunningWorkers } from './runner.js';
 export async function startWorkerProcess(
   services: Services,
 ): Promise<{ running: RunningWorkers; metricsServer?: MetricsServer; close(): Promise<void> }> {
+  // The file transport's directory: one it cannot write would fail every email, attempt after attempt.
+  if (services.config.mail.transport === 'file') await ensureWritableDirectory(services.config.mail.outboxDir, 'MAIL_OUTBOX_DIR');
+  // Health and metrics first: while Redis is unreachable the workers wait for it, and
+  // meanwhile /healthz answers (the process is alive) and /readyz says why it is not ready.
+  let running: RunningWorkers | undefined;
+  const port = services.config.workerMetricsPort;
+  const metricsServer = port === undefined ? undefined : await startMetricsServer(services, port, () => running?.paused ?? true);
+  if (metricsServer) services.logger.info({ port: metricsServer.port }, 'worker metrics listening');
   const connection = createRedis(services.config.redisUrl, 'worker');
   connection.on('error', (error) => services.logger.debug({ err: error }, 'worker redis error'));
-  const running = await startWorkers(services, connection, processors, services.config.workerQueues);
-  services.logger.info({ queues: running.queues }, 'workers started');
-  const port = services.config.workerMetricsPort;
-  const metricsServer = port === undefined ? undefined : await startMetricsServer(services, port, () => running.paused);
-  if (metricsServer) services.logger.info({ port: metricsServer.port }, 'worker metrics listening');
+  try {
+    running = await startWorkers(services, connection, processors, services.config.workerQueues);
+  } catch (error) {
+    await metricsServer?.close();
+    connection.disconnect();
+    throw error;
+  }
+  const workers = running;
+  services.logger.info({ queues: workers.queues }, 'workers started');
   // Fast-growing tables are analysed before their prepared statements' plans go stale.
   const statistics = keepPlannerStatistics(services.orm, services.logger);
   return {
-    running,
+    running: workers,
     metricsServer,
     async close() {
       await statistics.stop();
       await metricsServer?.close();
-      await running.close();
+      await workers.close();
       connection.disconnect();
     },
   };

@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import type { Services } from '../shared/container.js';
 import { dependencyStatus, downDependencies } from '../shared/dependencies.js';
 import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE } from '../shared/operator-auth.js';
+import { listenOn } from '../shared/startup.js';
 
 export interface MetricsServer {
   port: number;
@@ -54,13 +55,7 @@ export async function startMetricsServer(services: Services, port: number, isPau
       },
     );
   });
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, config.host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
+  await listenOn({ server, listen: (p, h, callback) => server.listen(p, h, callback) }, { variable: 'HOST', value: config.host }, { variable: 'WORKER_METRICS_PORT', value: port });
   return {
     port: (server.address() as AddressInfo).port,
     close: () =>
