@@ -6,6 +6,7 @@ import type { Config } from '../config.js';
 import { redisKey } from '../container.js';
 import type { Logger } from '../logger.js';
 import type { Metrics } from '../metrics.js';
+import { StartupError } from '../startup.js';
 import type { DnsLookup, DnsResult, MxRecord } from './types.js';
 
 /**
@@ -267,6 +268,11 @@ export async function createDns(
   // verification request (answered in the API request) never hangs.
   const resolver = new Resolver({ timeout: options.timeoutMs ?? 2_000, tries: options.tries ?? 2 });
   const servers = options.servers ?? config.dnsServers;
-  if (servers && servers.length > 0) resolver.setServers(await Promise.all(servers.map(toResolverServer)));
+  if (servers && servers.length > 0) {
+    const resolved = await Promise.all(servers.map(toResolverServer)).catch((error: NodeJS.ErrnoException) => {
+      throw new StartupError(`DNS_SERVERS: a server's host name does not resolve (${error.code ?? error.message}); give IP addresses`);
+    });
+    resolver.setServers(resolved);
+  }
   return new CachedDns(resolver, redis, redisKey(config, 'dns'), { cache: options.cache, logger: options.logger, metrics: options.metrics });
 }
