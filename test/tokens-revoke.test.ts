@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from './helpers/outages.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { runCli, runService, type ServiceProcess } from './helpers/process.js';
 
@@ -101,7 +102,8 @@ describe('revocation reaches every API process (docs/foundation.md "Authenticati
 
     const cli = await runCli(['token', 'revoke', viaCli.id, '--json'], ctx.env.env);
     expect(cli.code).toBe(0);
-    expect(JSON.parse(cli.stdout)).toEqual({ object: 'token', id: viaCli.id, deleted: true });
+    expect(JSON.parse(cli.stdout)).toEqual({ object: 'token', id: viaCli.id, deleted: true, refusedWithinSeconds: 2 });
+    expect(cli.stderr).toBe('');
     expect(await refusedWithin(first, viaCli.token, 2_000)).toBeLessThan(2_000);
     expect(await refusedWithin(second, viaCli.token, 2_000)).toBeLessThan(2_000);
     expect((await fetch(`${second}/api/v2/tokens`, { headers: bearer(token) })).status).toBe(200);
@@ -110,6 +112,15 @@ describe('revocation reaches every API process (docs/foundation.md "Authenticati
 
 describe('operator CLI: org list, token list, token revoke (docs/foundation.md "Authentication and rate limiting")', () => {
   const cli = (...args: string[]) => runCli(args, ctx.env.env);
+
+  it('token revoke --json says when Redis was not reachable: a warning on stderr, and 30 s in the answer', async () => {
+    const doomed = await mint((await createOrg(ctx.services, { name: 'Redis down' })).token, 'redis-down');
+    const nothing = await freePort();
+    const revoked = await runCli(['token', 'revoke', doomed.id, '--json'], { ...ctx.env.env, REDIS_URL: `redis://127.0.0.1:${nothing}` });
+    expect(revoked.code).toBe(0);
+    expect(JSON.parse(revoked.stdout)).toEqual({ object: 'token', id: doomed.id, deleted: true, refusedWithinSeconds: 30 });
+    expect(revoked.stderr).toMatch(/Redis was not reachable/);
+  });
 
   it('lists organizations and tokens as JSON, never a secret', async () => {
     const org = await createOrg(ctx.services, { name: 'Listed Inc' });

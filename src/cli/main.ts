@@ -202,6 +202,9 @@ const operator: OperatorCli = {
   print: (text) => {
     process.stdout.write(`${text}\n`);
   },
+  warn: (text) => {
+    process.stderr.write(`${text}\n`);
+  },
 };
 
 type Command = (config: Config, args: string[]) => Promise<number | void>;

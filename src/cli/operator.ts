@@ -12,6 +12,8 @@ export interface OperatorCli {
   withOrm<T>(config: Config, run: (orm: Orm) => Promise<T>): Promise<T>;
   usage(message: string): Error;
   print(line: string): void;
+  /** A warning, on stderr (with --json too: stdout stays one JSON document). */
+  warn(line: string): void;
 }
 
 function jsonFlag(args: string[]) {
@@ -81,7 +83,11 @@ export async function tokenRevoke(cli: OperatorCli, config: Config, args: string
   } finally {
     redis.disconnect();
   }
-  if (values.json) return cli.print(JSON.stringify({ object: 'token', id: revoked.id, deleted: true }));
+  if (values.json) {
+    if (!announced) cli.warn('mailroom: Redis was not reachable: API processes refuse the token within 30 seconds, not 2.');
+    // `refusedWithinSeconds`: how soon every API process refuses the secret.
+    return cli.print(JSON.stringify({ object: 'token', id: revoked.id, deleted: true, refusedWithinSeconds: announced ? 2 : 30 }));
+  }
   cli.print(
     announced
       ? `Revoked ${revoked.id}: API processes refuse it within 2 seconds.`
