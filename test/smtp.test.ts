@@ -19,6 +19,7 @@ import { dkimResult, startMailRelay } from './helpers/mail-relay.js';
 import { runService } from './helpers/process.js';
 import { sample } from './helpers/ops-metrics.js';
 import { openDialog } from './helpers/smtp-dialog.js';
+import { freePort } from './helpers/outages.js';
 import { type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
@@ -456,8 +457,9 @@ describe('limits that need their own settings', () => {
 });
 
 describe('the Procfile role smtp (npm run start:smtp)', () => {
-  it('listens on the port it logs, takes a message, and exits 0 on SIGTERM', async () => {
-    const proc = runService('src/smtp/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info' }, { via: 'tsx' });
+  it('listens on the port it logs, takes a message, serves its health and metrics, and exits 0 on SIGTERM', async () => {
+    const metricsPort = await freePort();
+    const proc = runService('src/smtp/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info', WORKER_METRICS_PORT: String(metricsPort) }, { via: 'tsx' });
     try {
       const match = await proc.waitFor(/SMTP submission listening on 127\.0\.0\.1:(\d+)/, 40_000);
       const transport = nodemailer.createTransport({ host: '127.0.0.1', port: Number(match[1]), auth: { user: 'role', pass: token } });
@@ -465,6 +467,11 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
       transport.close();
       const id = /OK (eml_\w+)/.exec(info.response)![1]!;
       expect((await api('GET', `/emails/${id}`)).json().subject).toBe('from the role');
+      // This process's own count of what it accepted, where Prometheus can scrape it.
+      await proc.waitFor(/metrics listening/, 10_000);
+      expect((await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).status).toBe(200);
+      expect((await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status).toBe(200);
+      expect(await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text()).toMatch(/^mailroom_emails_accepted_total\{source="smtp"\} 1$/m);
       proc.child.kill('SIGTERM');
       expect(await proc.exited).toBe(0);
     } finally {

@@ -1,6 +1,7 @@
 import { pathToFileURL } from 'node:url';
 import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices } from '../shared/container.js';
+import { startMetricsServer } from '../workers/metrics-server.js';
 import { startInbound } from './server.js';
 
 // `npm run start:inbound` (Procfile `inbound`): the SMTP listener for bounces and complaints
@@ -12,8 +13,12 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const services = await createServices(config, logger);
   const inbound = await startInbound(services);
   logger.info(`inbound SMTP listening on ${inbound.host}:${inbound.port}`);
+  // /healthz, /readyz and this process's metrics (its refused recipients), as a worker serves them.
+  const metrics = config.workerMetricsPort === undefined ? undefined : await startMetricsServer(services, config.workerMetricsPort, () => false);
+  if (metrics) logger.info({ port: metrics.port }, 'metrics listening');
   shutdown.onStop(async () => {
     await inbound.close();
+    await metrics?.close();
     await closeServices(services);
   });
 }
