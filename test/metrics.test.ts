@@ -28,6 +28,9 @@ describe('GET /metrics (docs/operations.md "Metrics")', () => {
     await ctx.app.inject({ url: '/api/v2/tokens', headers: bearer(token) });
     await ctx.app.inject({ url: '/api/v2/tokens' });
     await ctx.app.inject({ url: '/no/such/route/eml_123' });
+    // Answered before routing: bad percent-encoding, an id past the path length limit.
+    await ctx.app.inject({ url: '/api/v2/emails/%FF' });
+    await ctx.app.inject({ url: `/api/v2/emails/${'a'.repeat(3_000)}` });
     const body = await scrape();
 
     const healthz = { method: 'GET', route: '/healthz', status_code: '200' };
@@ -38,7 +41,7 @@ describe('GET /metrics (docs/operations.md "Metrics")', () => {
     expect(sample(body, 'mailroom_http_requests_total', { route: '/api/v2/tokens', status_code: '200' })).toBe(1);
     expect(sample(body, 'mailroom_http_requests_total', { route: '/api/v2/tokens', status_code: '401' })).toBe(1);
     // Unknown URLs share one series: the raw URL never becomes a label.
-    expect(sample(body, 'mailroom_http_requests_total', { route: 'unmatched', status_code: '404' })).toBe(1);
+    expect(sample(body, 'mailroom_http_requests_total', { route: 'unmatched', status_code: '404' })).toBe(3);
     expect(body).not.toContain('eml_123');
   });
 

@@ -45,7 +45,13 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     // percent-encoded) or a signed token (schemas allow 2,000): Fastify's default of 100
     // refused real addresses.
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
-    frameworkErrors: (error, request, reply) => frameworkError(error, request, reply, request.url.startsWith('/api/v1/') ? v1Error : undefined),
+    frameworkErrors: (error, request, reply) => {
+      frameworkError(error, request, reply, request.url.startsWith('/api/v1/') ? v1Error : undefined);
+      // Answered before routing, so without the hooks that count every other answer (plugins/metrics.ts).
+      const labels = { method: request.method, route: 'unmatched', status_code: String(reply.statusCode) };
+      services.metrics.httpRequests.inc(labels);
+      services.metrics.httpRequestDuration.observe(labels, reply.elapsedTime / 1000);
+    },
   }).withTypeProvider<ZodTypeProvider>();
 
   // Unknown body fields are refused, and zod's messages are written for a person (validation.ts).
