@@ -190,6 +190,27 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
     expect(body.details).toEqual([{ path, message: expect.stringContaining('NUL') }]);
   });
 
+  it.each([
+    ['POST', '/api/v2/verify', { email: 'x\ud800@example.org' }, 422, 'email'],
+    ['POST', '/api/v2/subscribers', { email: 'sur@example.org', fields: { city: 'a\ud800b' } }, 422, 'fields.city'],
+    ['POST', '/api/v2/subscribers', { email: 'sur@example.org', tags: ['a\udc00b'] }, 422, 'tags.0'],
+    ['POST', '/api/v2/events', { eventType: 'SUBSCRIBER_PAYMENT', subscriber: 'sur@example.org', data: { amount: 1, note: 'a\ud800' } }, 400, 'data.note'],
+    ['POST', '/api/v2/campaigns', { name: 'c', subject: 's', contentType: 'MAILY', content: { type: 'doc', content: [{ type: 'paragraph', content: [{ type: 'text', text: 'a\ud800' }] }] } }, 422, 'content.content.0.content.0.text'],
+  ])('refuses an unpaired surrogate in %s %s (jsonb cannot store it) with the validation error, not a 500', async (method, url, payload, status, path) => {
+    const before = await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select count(*)::int as n from email_verifications`);
+    const res = await ctx.app.inject({ method: method as 'POST', url, headers: bearer(acme.token), payload });
+    expect(res.statusCode).toBe(status);
+    expect(res.json().details).toEqual([{ path, message: expect.stringContaining('surrogate') }]);
+    // Refused before the handler: a verification is neither made nor counted.
+    expect(await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select count(*)::int as n from email_verifications`)).toEqual(before);
+  });
+
+  it('answers a tool argument with an unpaired surrogate in a path segment with the endpoint\'s 404, not a 500', async () => {
+    const answer = await runOverHttp(ctx, acme.token, 'get_email', { id: 'eml_\ud800' });
+    expect(answer.statusCode).not.toBe(500);
+    expect(answer.body).toMatchObject({ name: expect.stringMatching(/not_found|validation_error/) });
+  });
+
   it('answers a tool argument holding U+0000 with the endpoint\'s validation error', async () => {
     const answer = await runOverHttp(ctx, acme.token, 'get_subscriber', { subscriber: 'a\u0000b' });
     expect(answer.statusCode).toBe(422);

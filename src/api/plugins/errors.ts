@@ -25,9 +25,15 @@ const FASTIFY_ERRORS: Record<string, { status: number; name: string; message: st
 };
 
 /**
- * The path (`a.b.0`, as validation details name it) of the first string holding U+0000 in
- * a parsed request part, `part` itself when the part is that string, or undefined. Keys
- * count as well as values (jsonb refuses both). Iterative: a deeply nested body cannot
+ * Text PostgreSQL cannot store: U+0000 (in text and jsonb), or a UTF-16 surrogate without its
+ * pair (`"\ud800"` is valid JSON, and jsonb refuses it: 22P02).
+ */
+const unstorable = (text: string) => text.includes('\0') || !text.isWellFormed();
+
+/**
+ * The path (`a.b.0`, as validation details name it) of the first string holding unstorable
+ * text in a parsed request part, `part` itself when the part is that string, or undefined.
+ * Keys count as well as values (jsonb refuses both). Iterative: a deeply nested body cannot
  * overflow the stack.
  */
 export function nulPath(value: unknown, part: string): string | undefined {
@@ -36,14 +42,14 @@ export function nulPath(value: unknown, part: string): string | undefined {
   while (stack.length > 0) {
     const [current, path] = stack.pop()!;
     if (typeof current === 'string') {
-      if (current.includes('\0')) return path || part;
+      if (unstorable(current)) return path || part;
     } else if (current !== null && typeof current === 'object') {
       const at = (key: string) => (path ? `${path}.${key}` : key);
       if (Array.isArray(current)) {
         for (let i = current.length - 1; i >= 0; i--) stack.push([current[i], at(String(i))]);
       } else {
         for (const key of Object.keys(current)) {
-          if (key.includes('\0')) return at(key.replace(/\0/g, '\\0'));
+          if (unstorable(key)) return at(key.replace(/\0/g, '\\0').toWellFormed());
           stack.push([(current as Record<string, unknown>)[key], at(key)]);
         }
       }
@@ -54,19 +60,19 @@ export function nulPath(value: unknown, part: string): string | undefined {
 
 /** The walk of `nulPath` without building paths: the common case, nothing found, allocates little. */
 function hasNul(value: unknown): boolean {
-  if (typeof value === 'string') return value.includes('\0');
+  if (typeof value === 'string') return unstorable(value);
   if (value === null || typeof value !== 'object') return false;
   const stack: unknown[] = [value];
   while (stack.length > 0) {
     const current = stack.pop();
     if (typeof current === 'string') {
-      if (current.includes('\0')) return true;
+      if (unstorable(current)) return true;
     } else if (Array.isArray(current)) {
       for (const item of current) stack.push(item);
     } else if (current !== null && typeof current === 'object') {
       for (const key in current) {
         if (!Object.hasOwn(current, key)) continue;
-        if (key.includes('\0')) return true;
+        if (unstorable(key)) return true;
         stack.push((current as Record<string, unknown>)[key]);
       }
     }
@@ -128,10 +134,10 @@ export function errorHeaders(error: unknown, body: ErrorBody, reply: FastifyRepl
 }
 
 function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?: Error) => void): void {
-  if (nulPath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character'));
+  if (nulPath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character or an unpaired surrogate'));
   const where = nulPath(request.query, 'querystring') ?? (request.body === undefined ? undefined : nulPath(request.body, 'body'));
   if (!where) return done();
-  const message = 'must not contain a NUL character (U+0000)';
+  const message = 'must not contain a NUL character (U+0000) or an unpaired UTF-16 surrogate (such as \\ud800)';
   done(new ValidationError(`${where}: ${message}`, [{ path: where, message }], request.routeOptions.config?.validationStatus ?? 422));
 }
 
@@ -166,7 +172,7 @@ export function registerErrorHandling(app: App): void {
     errorHeaders(error, body, reply);
     return reply.code(body.statusCode).send(body);
   });
-  // PostgreSQL text cannot hold U+0000: a NUL anywhere in a path, query or body is refused
+  // PostgreSQL text cannot hold U+0000 (nor jsonb an unpaired surrogate): such text anywhere in a path, query or body is refused
   // before the handler, in the spec's error shape, instead of failing deep in a query. Only
   // routes that take input get the check (after their own preValidation, so the provider
   // webhook still checks its signature first); /healthz and the like pay nothing.

@@ -106,7 +106,10 @@ function hasDotSegment(url: string): boolean {
   return path.split('/').some((part) => /^(?:\.|%2e){1,2}$/i.test(part));
 }
 
-/** `encodeURIComponent` for one path segment. */
+/**
+ * `encodeURIComponent` for one path segment. An unpaired surrogate (which it cannot encode)
+ * becomes U+FFFD: the segment then names no resource, and the endpoint answers its 404.
+ */
 export function segment(value: string): string {
-  return encodeURIComponent(value);
+  return encodeURIComponent(value.toWellFormed());
 }
