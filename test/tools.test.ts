@@ -277,6 +277,17 @@ describe('send_email, get_email, list_emails', () => {
     expect(listed.json().data.filter((row: { id: string }) => row.id === id)).toHaveLength(1);
   });
 
+  it('takes the Idempotency-Key header of POST /api/v2/tools/send_email as the key when the arguments give none', async () => {
+    const call = (headers: Record<string, string>, subject: string) =>
+      ctx.app.inject({ method: 'POST', url: '/api/v2/tools/send_email', headers: { authorization: `Bearer ${token}`, ...headers }, payload: { arguments: { ...message, subject } } });
+    const first = await call({ 'idempotency-key': 'tool-header-1' }, 'Header key');
+    const again = await call({ 'idempotency-key': 'tool-header-1' }, 'Header key');
+    expect(first.statusCode).toBe(200);
+    expect(again.json().id).toBe(first.json().id);
+    // The same key with another body: the endpoint's 409, as on POST /api/v2/emails.
+    expect((await call({ 'idempotency-key': 'tool-header-1' }, 'Another body')).statusCode).toBe(409);
+  });
+
   it('sends without a key, and refuses what the endpoint refuses', async () => {
     const res = await runOverHttp(ctx, token, 'send_email', message);
     expect(res.statusCode).toBe(200);

@@ -52,7 +52,8 @@ export async function toolRunRoutes(app: App): Promise<void> {
       },
     },
     async (request, reply) => {
-      const result = await runTool(app, request, request.params.name, request.body.arguments);
+      const key = request.headers['idempotency-key'];
+      const result = await runTool(app, request, request.params.name, request.body.arguments, typeof key === 'string' ? { idempotencyKey: key } : {});
       return reply.code(result.statusCode).headers(result.headers).send(result.body);
     },
   );

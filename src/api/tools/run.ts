@@ -9,7 +9,7 @@ import { dispatch, type EndpointResponse } from './dispatch.js';
  * schema 422 naming them, otherwise whatever the endpoint answers.
  * Shared by `POST /api/v2/tools/{name}` and the MCP server.
  */
-export async function runTool(app: App, from: FastifyRequest, name: string, args: unknown): Promise<EndpointResponse> {
+export async function runTool(app: App, from: FastifyRequest, name: string, args: unknown, options: { idempotencyKey?: string } = {}): Promise<EndpointResponse> {
   const tool = findTool(name);
   if (!tool) return { statusCode: 404, body: errorBody(404, 'not_found', `No tool named "${name}"`), headers: {} };
   const parsed = tool.inputSchema.safeParse(args ?? {});
@@ -25,5 +25,11 @@ export async function runTool(app: App, from: FastifyRequest, name: string, args
       headers: {},
     };
   }
-  return dispatch(app, from, tool.toRequest(args ?? {}));
+  const request = tool.toRequest(args ?? {});
+  // The call's own Idempotency-Key header, when its arguments give none (`idempotency_key`
+  // wins): a retried HTTP call must not send twice because the key came the way REST sends it.
+  if (options.idempotencyKey !== undefined && request.headers?.['idempotency-key'] === undefined) {
+    request.headers = { ...request.headers, 'idempotency-key': options.idempotencyKey };
+  }
+  return dispatch(app, from, request);
 }
