@@ -50,6 +50,10 @@ describe('v1 envelope', () => {
       const res = await v1('GET', url);
       expect(res.statusCode).toBe(404);
       expect(res.json()).toMatchObject({ success: false, error: { name: 'not_found', statusCode: 404 } });
+      // With no token too: routing comes before authentication, as on v2.
+      const anonymous = await ctx.app.inject({ url: `/api/v1${url}` });
+      expect(anonymous.statusCode, url).toBe(404);
+      expect(anonymous.json()).toMatchObject({ success: false, error: { name: 'not_found' } });
     }
   });
 

@@ -15,6 +15,8 @@ import { authenticate, limitOrganization, rateLimit } from '../plugins/auth.js';
  */
 export function callerHook(services: Services, cache: TokenCache, limiter: WindowRateLimiter, options: { counted: boolean }) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    // No route matched: the scope's own 404, with or without a token (routing comes before authentication).
+    if (request.is404) return;
     request.caller = await authenticate(services, cache, request);
     await limitOrganization(services, request.caller, reply);
     if (options.counted) await rateLimit(limiter, request.caller, reply);
