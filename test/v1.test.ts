@@ -57,6 +57,13 @@ describe('v1 envelope', () => {
     }
   });
 
+  it('answers DELETE of a subscriber 405 method_not_allowed with Allow, as v2 does (deleting is disabled)', async () => {
+    const res = await v1('DELETE', '/subscribers/someone@example.com');
+    expect(res.statusCode).toBe(405);
+    expect(res.headers.allow).toBe('GET, PATCH');
+    expect(res.json()).toMatchObject({ success: false, error: { name: 'method_not_allowed', statusCode: 405 } });
+  });
+
   it('wraps its own validation of a send as 422 with details', async () => {
     const res = await v1('POST', '/emails', { from: 'a@b.example', to: 'c@d.example', subject: 'Hi', contentType: 'PDF' });
     expect(res.statusCode).toBe(422);

@@ -47,8 +47,8 @@ export function organizationLimitPaid(request: FastifyRequest): boolean {
   return request.headers[DISPATCH_HEADER] === PAID;
 }
 
-// Response headers a caller of the outer layer still needs (rate limit, retry hints).
-const FORWARDED_HEADERS = ['retry-after', 'ratelimit-limit', 'ratelimit-remaining', 'ratelimit-reset'];
+// Response headers a caller of the outer layer still needs (rate limit, retry hints, a 405's Allow).
+const FORWARDED_HEADERS = ['retry-after', 'ratelimit-limit', 'ratelimit-remaining', 'ratelimit-reset', 'allow'];
 
 /**
  * Runs `target` as the v2 endpoint itself, in-process (`app.inject`), with the caller's own

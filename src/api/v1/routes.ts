@@ -30,6 +30,8 @@ const MIRRORED: Mirror[] = [
   { method: 'GET', path: '/subscribers', list: 'cursor' },
   { method: 'GET', path: '/subscribers/:subscriber' },
   { method: 'PATCH', path: '/subscribers/:subscriber' },
+  // Disabled as on v2: its 405 method_not_allowed, with Allow (contract 4), not an unknown path's 404.
+  { method: 'DELETE', path: '/subscribers/:subscriber' },
   { method: 'POST', path: '/subscribers/:subscriber/unsubscribe' },
   { method: 'POST', path: '/subscribers/:subscriber/tags' },
   { method: 'DELETE', path: '/subscribers/:subscriber/tags' },
