@@ -245,6 +245,10 @@ describe('subscribers, events and tags', () => {
     expect(page2.json()).toMatchObject({ data: [all[1]], pagination: { page: 2, limit: 1, hasMore: true, nextCursor: all[1].id } });
     const fromCursor = await v1('GET', `/tags?limit=1&cursor=${all[0].id}`);
     expect(fromCursor.json().data).toEqual([all[1]]);
+    // A cursor the list does not hold: 422 naming it, not page one again.
+    const unknown = await v1('GET', '/tags?limit=1&cursor=tag_01aaaaaaaaaaaaaaaaaaaaaaaa');
+    expect(unknown.statusCode).toBe(422);
+    expect(unknown.json()).toMatchObject({ success: false, error: { name: 'validation_error', details: [{ path: 'cursor' }] } });
     await twin('POST', '/tags', { name: '' });
   });
 });
@@ -268,7 +272,8 @@ describe('GET /api/v1/subscribers (page and cursor over v2 after)', () => {
     expect(filtered.data.map((s: { email: string }) => s.email)).toEqual(['old@example.com']);
     const badCursor = await v1('GET', '/subscribers?cursor=nope');
     expect(badCursor.statusCode).toBe(422);
-    expect(badCursor.json()).toMatchObject({ success: false, error: { name: 'validation_error' } });
+    // Named as the caller wrote it: `cursor`, not v2's `after`.
+    expect(badCursor.json()).toMatchObject({ success: false, error: { name: 'validation_error', message: expect.stringMatching(/^cursor: /), details: [{ path: 'cursor' }] } });
   });
 });
 

@@ -78,10 +78,9 @@ const CONTENT_FIELD = { MARKDOWN: 'markdown', HTML: 'html', TIPTAP: 'tiptap' } a
 const V2_FIELD = /^(markdown|html|tiptap|reply_to)(?=[.:]|$)/;
 
 /** A v2 error about a translated field, in the v1 names the caller used (`content: …`, not `markdown: …`). */
-function inV1Fields(response: EndpointResponse): EndpointResponse {
+function inV1Fields(response: EndpointResponse, rename: (text: string) => string = (text) => text.replace(V2_FIELD, (field) => V1_FIELD[field]!)): EndpointResponse {
   const body = response.body as { message?: unknown; details?: Array<{ path: string; message: string }> } | null;
   if (response.statusCode < 400 || !body || typeof body.message !== 'string') return response;
-  const rename = (text: string) => text.replace(V2_FIELD, (field) => V1_FIELD[field]!);
   return {
     ...response,
     body: { ...body, message: rename(body.message), ...(body.details ? { details: body.details.map((d) => ({ ...d, path: rename(d.path) })) } : {}) },
@@ -103,6 +102,9 @@ function asPage(body: unknown): Page {
   return { items: Array.isArray(envelope.data) ? envelope.data : [], hasMore: envelope.has_more === true };
 }
 
+/** A v2 list's error about its `after` cursor, in the name the v1 caller used: `cursor`. */
+const cursorInV1 = (response: EndpointResponse) => inV1Fields(response, (text) => text.replace(/^after(?=[.:]|$)/, 'cursor').replace(/\bafter cursor\b/, 'cursor'));
+
 /**
  * v1 `page` over v2 cursors: the items before the page are skipped by walking `after`
  * cursors in requests of up to 100 items, then the page itself is one request of `limit`.
@@ -115,7 +117,7 @@ async function forwardList(app: App, request: FastifyRequest, reply: FastifyRepl
   while (skip > 0) {
     const take = Math.min(MAX_PAGE_SIZE, skip);
     const response = await dispatch(app, request, { method: 'GET', url, query: { ...query, limit: take, after } });
-    if (response.statusCode >= 400) return sendWrapped(reply, response);
+    if (response.statusCode >= 400) return sendWrapped(reply, cursorInV1(response));
     const { items, hasMore } = asPage(response.body);
     const last = items.at(-1);
     if (!hasMore || !last || typeof last.id !== 'string') {
@@ -125,7 +127,7 @@ async function forwardList(app: App, request: FastifyRequest, reply: FastifyRepl
     skip -= take;
   }
   const response = await dispatch(app, request, { method: 'GET', url, query: { ...query, limit, after } });
-  if (response.statusCode >= 400) return sendWrapped(reply, response);
+  if (response.statusCode >= 400) return sendWrapped(reply, cursorInV1(response));
   const { items, hasMore } = asPage(response.body);
   const last = items.at(-1);
   const nextCursor = hasMore && last && typeof last.id === 'string' ? last.id : null;
@@ -138,7 +140,13 @@ async function forwardWholeList(app: App, request: FastifyRequest, reply: Fastif
   const response = await dispatch(app, request, { method: 'GET', url, query: filters as Record<string, string | undefined> });
   if (response.statusCode >= 400) return sendWrapped(reply, response);
   const { items } = asPage(response.body);
-  const start = cursor === undefined ? 0 : items.findIndex((item) => item.id === cursor) + 1;
+  const at = cursor === undefined ? -1 : items.findIndex((item) => item.id === cursor);
+  // As the v2 lists answer a cursor they do not know (docs/foundation.md): not page one again.
+  if (cursor !== undefined && at < 0) {
+    const message = `no item ${cursor} in this list`;
+    return sendWrapped(reply, { statusCode: 422, headers: response.headers, body: errorBody(422, 'validation_error', `cursor: ${message}`, [{ path: 'cursor', message }]) });
+  }
+  const start = at + 1;
   const from = start + (page - 1) * limit;
   const pageItems = items.slice(from, from + limit);
   const hasMore = items.length > from + limit;
