@@ -257,6 +257,11 @@ describe('verify_email', () => {
     const narrow = await mint(['subscribers'], 'no emails');
     const res = await runBoth(ctx, clients, narrow, 'verify_email', { email: 'jane@acme.io' });
     expect(res).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
+    // Permission before the arguments, as on the endpoint: arguments that fail the schema too.
+    const bad = await runBoth(ctx, clients, narrow, 'verify_email', {});
+    expect(bad).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
+    const badId = await runBoth(ctx, clients, narrow, 'get_email', { id: 42 });
+    expect(badId).toMatchObject({ statusCode: 403 });
   });
 });
 

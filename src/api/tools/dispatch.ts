@@ -111,5 +111,5 @@ function hasDotSegment(url: string): boolean {
  * becomes U+FFFD: the segment then names no resource, and the endpoint answers its 404.
  */
 export function segment(value: string): string {
-  return encodeURIComponent(value.toWellFormed());
+  return encodeURIComponent(String(value).toWellFormed());
 }
