@@ -58,7 +58,11 @@ const variants: Variant[] = [
   // The foreign key migration 20261125015000 replaced with a trigger on organizations.
   { name: 'with the organization foreign key', undo: 'alter table emails add constraint emails_organization_id_fkey foreign key (organization_id) references organizations (id) on delete cascade deferrable initially deferred', redo: 'alter table emails drop constraint emails_organization_id_fkey' },
   { name: 'without emails_api_list_idx', undo: 'drop index emails_api_list_idx', redo: `create index emails_api_list_idx on emails (organization_id, id) where source = 'api'` },
-  { name: 'without emails_api_recipient_idx', undo: 'drop index if exists emails_api_recipient_idx', redo: `create index if not exists emails_api_recipient_idx on emails (organization_id, lower(to_address), id) where source = 'api'` },
+  {
+    name: 'without emails_api_recipient_address_idx',
+    undo: 'drop index if exists emails_api_recipient_address_idx',
+    redo: `create index if not exists emails_api_recipient_address_idx on emails (organization_id, email_bare_address(to_address), id) where source = 'api'`,
+  },
   { name: 'without emails_pending_idx', undo: 'drop index emails_pending_idx', redo: `create index emails_pending_idx on emails (id) where status in ('queued', 'sending')` },
   { name: 'synchronous_commit off', undo: 'set synchronous_commit = off', redo: 'set synchronous_commit = on' },
   { name: 'parsed and planned every time', undo: 'select 1', redo: 'select 1' },

@@ -262,6 +262,9 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     const lowerSent = await api('POST', `/campaigns/${lower.id}/send`, { scheduledAt: '2030-07-15T09:00', timezone: 'europe/paris' });
     expect(lowerSent.json()).toMatchObject({ scheduledAt: '2030-07-15T07:00:00.000Z', timezone: 'Europe/Paris' });
     expect((await api('GET', `/campaigns/${lower.id}`)).json().timezone).toBe('Europe/Paris');
+    // Only the case: a current name stays itself (ICU's own preference is a legacy alias).
+    const kolkata = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    expect((await api('POST', `/campaigns/${kolkata.id}/send`, { scheduledAt: '2030-07-15T09:00', timezone: 'Asia/Kolkata' })).json().timezone).toBe('Asia/Kolkata');
     const job = await ctx.services.producer.queue('campaigns').getJob(c.id);
     expect(await job?.getState()).toBe('delayed');
     expect(job!.opts.delay).toBeGreaterThan(1e8);

@@ -244,8 +244,8 @@ describe('an invalid variable is named', () => {
     const found = problems({ [variable]: value });
     expect(found).toHaveLength(1);
     expect(found[0].startsWith(`${variable}: `)).toBe(true);
-    // The message never repeats the value (a URL holds a password).
-    expect(found[0]).not.toContain('hunter2');
+    // The message never repeats a URL (it holds a password).
+    if (value.includes('hunter2')) expect(found[0]).not.toContain('hunter2');
   });
 
   it('refuses an SMTP_URL that is not a URL, without repeating it', () => {

@@ -79,14 +79,22 @@ describe('the timeline of an email on the dashboard', () => {
     const { organizationId } = await createOrg(ctx.services, { name: 'Timeline' });
     const [id] = await insertEmails(ctx.services.orm.em.fork(), [{ organizationId, from: 'a@acme.test', to: 'r@example.com', subject: 's', contentKind: 'html' as const, content: '<p>x</p>' }]);
     await ctx.services.orm.em.fork().execute(`update emails set status = 'sent', sent_at = now(), delivery_status = 'delivered' where id = ?`, [id]);
-    const types = async () => {
+    const entries = async () => {
       const em = ctx.services.orm.em.fork();
-      return (await emailTimeline(em, await getEmail(em, organizationId, id!))).map((t) => t.type);
+      return (await emailTimeline(em, await getEmail(em, organizationId, id!))).map((t) => [t.type, t.detail]);
     };
-    expect(await types()).toEqual(['queued', 'sent', 'delivered']);
+    expect(await entries()).toEqual([
+      ['queued', null],
+      ['sent', null],
+      ['delivered', 'reported by the transport when it took the message'],
+    ]);
     // A provider's delivery event is the one shown then.
-    await ctx.services.orm.em.fork().execute(`insert into email_events (email_id, organization_id, type, occurred_at, details) values (?, ?, 'delivered', now(), '{}')`, [id, organizationId]);
-    expect(await types()).toEqual(['queued', 'sent', 'delivered']);
+    await ctx.services.orm.em.fork().execute(`insert into email_events (email_id, organization_id, type, occurred_at, details) values (?, ?, 'delivered', now(), '{"diagnostic":"250 ok"}')`, [id, organizationId]);
+    expect(await entries()).toEqual([
+      ['queued', null],
+      ['sent', null],
+      ['delivered', '250 ok'],
+    ]);
   });
 });
 
@@ -125,5 +133,14 @@ describe('the emails list filters of the dashboard', () => {
       const named = await listEmails(ctx.services.orm.em.fork(), organizationId, { limit: 100, to });
       expect(named.items.map((e) => e.id), to).toEqual([ids[1]]);
     }
+    // By the index on the bare address (its expression and the filter's are the same).
+    const plan = await ctx.services.orm.em.fork().transactional(async (tx) => {
+      await tx.execute('set local enable_seqscan = off');
+      return tx.execute<{ 'QUERY PLAN': string }[]>(
+        `explain select id from emails where organization_id = ? and source = 'api' and email_bare_address(to_address) = email_bare_address(?) order by id desc limit 21`,
+        [organizationId, 'mary@example.com'],
+      );
+    });
+    expect(plan.map((row) => row['QUERY PLAN']).join('\n')).toContain('emails_api_recipient_address_idx');
   });
 });

@@ -12,7 +12,7 @@ import { installValidationMessages, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
-import { registerMetrics } from './plugins/metrics.js';
+import { countAnswer, registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
 import { healthRoutes } from './routes/health.js';
@@ -47,10 +47,8 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
     frameworkErrors: (error, request, reply) => {
       frameworkError(error, request, reply, request.url.startsWith('/api/v1/') ? v1Error : undefined);
-      // Answered before routing, so without the hooks that count every other answer (plugins/metrics.ts).
-      const labels = { method: request.method, route: 'unmatched', status_code: String(reply.statusCode) };
-      services.metrics.httpRequests.inc(labels);
-      services.metrics.httpRequestDuration.observe(labels, reply.elapsedTime / 1000);
+      // Answered before routing, so without the hook that counts every other answer.
+      countAnswer(services.metrics, request, reply, 'unmatched');
     },
   }).withTypeProvider<ZodTypeProvider>();
 

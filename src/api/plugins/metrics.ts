@@ -1,3 +1,5 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Metrics } from '../../shared/metrics.js';
 import type { App } from '../types.js';
 import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE, OPERATOR_USER } from '../../shared/operator-auth.js';
 import { errorBody } from './errors.js';
@@ -12,19 +14,18 @@ import { errorBody } from './errors.js';
  * the figures (volumes, queue depths) are the operator's business (docs/operations.md,
  * docs/security.md). Concurrent scrapes share one collection (metrics.scrape).
  */
+/** One answer in the HTTP metrics, by route pattern (never the raw URL) and status. */
+export function countAnswer(metrics: Metrics, request: FastifyRequest, reply: FastifyReply, route: string): void {
+  const labels = { method: request.method, route, status_code: String(reply.statusCode) };
+  metrics.httpRequests.inc(labels);
+  metrics.httpRequestDuration.observe(labels, reply.elapsedTime / 1000);
+}
+
 export function registerMetrics(app: App): void {
   const { metrics, config } = app.services;
 
-  app.addHook('onResponse', async (request, reply) => {
-    const labels = {
-      method: request.method,
-      // No route matched (404): one series for all of them.
-      route: request.routeOptions.url ?? 'unmatched',
-      status_code: String(reply.statusCode),
-    };
-    metrics.httpRequests.inc(labels);
-    metrics.httpRequestDuration.observe(labels, reply.elapsedTime / 1000);
-  });
+  // No route matched (404): one series for all of them.
+  app.addHook('onResponse', async (request, reply) => countAnswer(metrics, request, reply, request.routeOptions.url ?? 'unmatched'));
 
   app.get(
     '/metrics',

@@ -235,11 +235,9 @@ export async function scheduleCampaign(
   input: ScheduleInput,
   now: Date,
 ): Promise<Scheduled> {
-  const { campaign, ...schedule } = await em.transactional((tx) => scheduleLockedCampaign(tx, deps, organizationId, id, input, now));
-  // What scheduleDraft wrote, on the entity the answer shows (after the commit: not written again).
-  Object.assign(campaign, { status: 'SCHEDULED', scheduledAt: schedule.scheduledAt, timezone: schedule.timezone, recipientCount: schedule.recipientCount });
-  await enqueueFanOut(deps, campaign.id, schedule.scheduledAt, now);
-  return { campaign, timezoneGiven: input.timezone != null };
+  const scheduled = await em.transactional((tx) => scheduleLockedCampaign(tx, deps, organizationId, id, input, now));
+  await enqueueFanOut(deps, scheduled.campaign.id, scheduled.campaign.scheduledAt!, now);
+  return scheduled;
 }
 
 /** The checks of a send and the DRAFT's move to SCHEDULED, under the campaign's row lock (the caller's transaction). */
@@ -250,14 +248,16 @@ async function scheduleLockedCampaign(
   id: string,
   input: ScheduleInput,
   now: Date,
-): Promise<{ campaign: Campaign; scheduledAt: Date; timezone: string; recipientCount: number }> {
+): Promise<Scheduled> {
   const campaign = await findCampaign(em, organizationId, id, { lock: true });
   const v400 = (path: string, message: string) => new ValidationError(`${path}: ${message}`, [{ path, message }], 400);
   if (campaign.status !== 'DRAFT') throw v400('status', `the campaign is ${campaign.status}; only a DRAFT can be sent`);
   const given = input.timezone ?? DEFAULT_TIMEZONE;
   if (!IANAZone.isValidZone(given)) throw v400('timezone', `"${given}" is not an IANA time zone (e.g. Europe/Paris)`);
-  // Stored and answered by its canonical name (`europe/paris` is Europe/Paris).
-  const timezone = new Intl.DateTimeFormat('en-US', { timeZone: given }).resolvedOptions().timeZone;
+  // Stored and answered in IANA's case (`europe/paris` is Europe/Paris); the name itself as
+  // given (ICU would also swap a current name for a legacy alias: Asia/Kolkata, Asia/Calcutta).
+  const resolved = new Intl.DateTimeFormat('en-US', { timeZone: given }).resolvedOptions().timeZone;
+  const timezone = resolved.toLowerCase() === given.toLowerCase() ? resolved : given;
   const scheduledAt = input.scheduledAt == null ? now : parseScheduledAt(input.scheduledAt, timezone);
   if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
@@ -273,7 +273,9 @@ async function scheduleLockedCampaign(
   assertTransition(campaign.status, 'SCHEDULED', 400);
   const recipientCount = await countRecipients(em, organizationId, campaign.recipientFilters);
   if (!(await scheduleDraft(em, id, { scheduledAt, timezone, recipientCount }))) throw v400('status', 'the campaign is no longer a DRAFT');
-  return { campaign, scheduledAt, timezone, recipientCount };
+  // The entity as scheduleDraft left the row: nothing is left to write, in this transaction or later.
+  await em.refresh(campaign);
+  return { campaign, timezoneGiven: input.timezone != null };
 }
 
 /** The delayed fan-out job (jobId = campaign id). Never throws: the reconciler re-adds a lost job. */

@@ -1,5 +1,5 @@
-import { domainToASCII } from 'node:url';
 import addressparser from 'nodemailer/lib/addressparser/index.js';
+import { addressDomain } from '../domains/hostname.js';
 
 // Pragmatic RFC 5321 mailbox: a local part without spaces, brackets or separators, and a
 // dotted host name of LDH labels (IDN hosts must be given in their xn-- form).
@@ -18,7 +18,7 @@ export interface Mailbox {
 export function asciiAddress(value: string): string {
   const at = value.lastIndexOf('@');
   if (at < 0 || /^[\x00-\x7f]*$/.test(value.slice(at + 1))) return value;
-  const domain = domainToASCII(value.slice(at + 1));
+  const domain = addressDomain(value);
   return domain ? `${value.slice(0, at)}@${domain}` : value;
 }
 

@@ -39,25 +39,8 @@ export const TagName = z
   .min(1, 'must be 1 to 100 characters')
   .max(TAG_NAME_MAX, 'must be 1 to 100 characters');
 
-/**
- * Characters as PostgreSQL and the rest of the API count them (code points), not UTF-16 units:
- * an emoji is one character, as in a tag name the tag endpoints take.
- */
-export function characters(value: string): number {
-  let count = value.length;
-  for (let i = 0; i < value.length; i++) {
-    const unit = value.charCodeAt(i);
-    // A high surrogate followed by a low one is one code point.
-    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < value.length) {
-      const next = value.charCodeAt(i + 1);
-      if (next >= 0xdc00 && next <= 0xdfff) {
-        count--;
-        i++;
-      }
-    }
-  }
-  return count;
-}
+// Lengths in characters (code points), as zod and PostgreSQL count them: an emoji is one.
+const characters = (value: string) => [...value].length;
 
 function shown(value: string): string {
   return characters(value) > 40 ? `${[...value].slice(0, 40).join('')}…` : value;
