@@ -372,6 +372,12 @@ describe('senders (docs/domains.md "Endpoints")', () => {
     ['another organization domain', { name: 'X', email: 'x@dup.example.org' }, 'not a domain'],
     ['a subdomain', { name: 'X', email: 'x@sub.senders.example' }, 'not a domain'],
     ['an invalid address', { name: 'X', email: 'not-an-address' }, 'not a valid address'],
+    // Only the part after the last @ is a domain of the organization: the rest must be one mailbox.
+    ['a list of addresses', { name: 'X', email: 'service@paypal.com,news@senders.example' }, 'not a valid address'],
+    ['two @', { name: 'X', email: 'a@evil.example@senders.example' }, 'not a valid address'],
+    ['a quoted local part', { name: 'X', email: '"not an email"@senders.example' }, 'not a valid address'],
+    ['a line break in the address', { name: 'X', email: 'a\r\nBcc: x@evil.example@senders.example' }, 'not a valid address'],
+    ['a line break in the name', { name: 'News\r\nBcc: x@evil.example', email: 'b@senders.example' }, 'one line'],
     ['an empty name', { name: ' ', email: 'a@senders.example' }, ''],
   ])('refuses %s with 422 and writes nothing', async (_label, body, message) => {
     const before = await countRows(Sender);

@@ -63,7 +63,12 @@ const SenderShape = z.object({
 }).meta({ id: 'Sender' });
 
 export const CreateSenderBody = z.object({
-  name: z.string().trim().min(1, 'must be 1 to 100 characters').max(100, 'must be 1 to 100 characters'),
+  name: z
+    .string()
+    .trim()
+    .min(1, 'must be 1 to 100 characters')
+    .max(100, 'must be 1 to 100 characters')
+    .refine((name) => !/[\r\n]/.test(name), 'must be one line (no line break)'),
   email: z.string().trim().max(320),
 });
 

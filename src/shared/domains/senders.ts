@@ -3,6 +3,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { Domain, Sender } from '../db/entities/index.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
+import { isAddress } from '../emails/addresses.js';
 import { addressDomain } from './hostname.js';
 
 export interface CreateSenderInput {
@@ -16,7 +17,11 @@ export function normalizeSenderEmail(email: string): { email: string; domain: st
   const at = trimmed.lastIndexOf('@');
   const domain = addressDomain(trimmed);
   if (at <= 0 || !domain) return null;
-  return { email: `${trimmed.slice(0, at).toLowerCase()}@${domain}`, domain };
+  const address = `${trimmed.slice(0, at).toLowerCase()}@${domain}`;
+  // One mailbox, as a send's `from` must be (isAddress): no list, no second @, no quoted or
+  // broken local part, no line break. Only the domain was checked, and a campaign's From was
+  // `service@paypal.com,news@acme.io`.
+  return isAddress(address) ? { email: address, domain } : null;
 }
 
 export async function createSender(em: EntityManager, organizationId: string, input: CreateSenderInput, now = new Date()): Promise<Sender> {
