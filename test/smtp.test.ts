@@ -369,6 +369,9 @@ describe('bad input gets its reply and stores nothing', () => {
     const transport = client();
     await expect(transport.sendMail({ from: 'x@unverified.test', to: 'r@example.com', text: 'x' })).rejects.toMatchObject({ responseCode: 550 });
     transport.close();
+    // A From of the organization's, but sent "by" or resent from another domain: refused too.
+    expect(await submit('From: app@acme.test\r\nSender: ceo@elsewhere.test\r\nTo: r@example.com\r\nSubject: by\r\n\r\nhello')).toMatch(/^550 5\.7\.1 Sender: .*elsewhere\.test/);
+    expect(await submit('From: app@acme.test\r\nResent-From: Boss <boss@elsewhere.test>\r\nTo: r@example.com\r\nSubject: resent\r\n\r\nhello')).toMatch(/^550 5\.7\.1 Resent-From: .*elsewhere\.test/);
     expect(await counts()).toEqual(before);
   });
 

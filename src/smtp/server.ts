@@ -165,6 +165,12 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           // ALLOW_UNVERIFIED_DOMAINS=false.
           const problem = await sendingPolicyProblem(em, services.config, caller.organizationId, message.from);
           if (problem) throw replies.notAllowed(`From: ${problem}`);
+          // Who else the message says sends it (Sender, Resent-From): the same policy, or the
+          // organization's DKIM key would sign mail "sent by" a domain it does not own.
+          for (const { header, address } of message.sentBy) {
+            const refused = await sendingPolicyProblem(em, services.config, caller.organizationId, address);
+            if (refused) throw replies.notAllowed(`${header}: ${refused}`);
+          }
           return storeSubmission(em, deps, caller.organizationId, message);
         })
         .then(

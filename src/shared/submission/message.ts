@@ -1,6 +1,7 @@
 import { simpleParser, type AddressObject, type EmailAddress, type HeaderLines, type ParsedMail } from 'mailparser';
 import type { EmailTag } from '../db/entities/email.js';
 import { asciiAddress, isAddress } from '../emails/addresses.js';
+import addressparser from 'nodemailer/lib/addressparser/index.js';
 import { replies } from './reply.js';
 
 /**
@@ -35,6 +36,11 @@ export interface SubmittedMessage {
   headers: [string, string][];
   /** Every envelope recipient (RCPT TO), the ones the message is delivered to. */
   envelopeTo: string[];
+  /**
+   * The other addresses the message says it is sent by or for (`Sender`, `Resent-From`,
+   * `Resent-Sender`), by header: the sending policy checks them as it checks From.
+   */
+  sentBy: { header: string; address: string }[];
   attachments: SubmittedAttachment[];
 }
 
@@ -238,5 +244,21 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
     headers,
     envelopeTo,
     attachments,
+    sentBy: sentByOf(mail),
   };
+}
+
+const SENT_BY_HEADERS: Record<string, string> = { sender: 'Sender', 'resent-from': 'Resent-From', 'resent-sender': 'Resent-Sender' };
+
+function sentByOf(mail: ParsedMail): { header: string; address: string }[] {
+  const out: { header: string; address: string }[] = [];
+  for (const { key, line } of mail.headerLines) {
+    const header = SENT_BY_HEADERS[key];
+    if (!header) continue;
+    for (const entry of addressparser(rawValue(line), { flatten: true })) {
+      // A value that names no address still names a domain the policy must see: it is refused as given.
+      out.push({ header, address: entry.address ? asciiAddress(entry.address) : rawValue(line) });
+    }
+  }
+  return out;
 }
