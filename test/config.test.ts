@@ -218,6 +218,8 @@ describe('an invalid variable is named', () => {
     ['MAIL_TRANSPORT', 'sendmail'],
     ['SMTP_URL', 'http://relay:25'],
     ['DNS_SERVERS', '1.1.1.1,not a server'],
+    ['DNS_SERVERS', '127.0.0.1:99999'],
+    ['DNS_SERVERS', '[::1]:0'],
     ['VERIFY_MONTHLY_QUOTA', '-5'],
     ['CAMPAIGN_FANOUT_PAGE', '0'],
     ['VERIFY_MONTHLY_QUOTA', 'many'],

@@ -33,7 +33,12 @@ function isSendgridKey(value: string): boolean {
 
 const hostPort = z
   .string()
-  .regex(/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+|[0-9a-fA-F:]+)(:\d{1,5})?$/, 'expected host or host:port');
+  .regex(/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+|[0-9a-fA-F:]+)(:\d{1,5})?$/, 'expected host or host:port')
+  // A bracketed IPv6 host or a host name with a port: the port is a TCP/UDP port (1 to 65535).
+  .refine((v) => {
+    const port = /(?:^\[[^\]]+\]|^[^:]+):(\d+)$/.exec(v)?.[1];
+    return port === undefined || (Number(port) >= 1 && Number(port) <= 65535);
+  }, 'the port must be 1 to 65535');
 
 const envSchema = z
   .object({
@@ -66,8 +71,9 @@ const envSchema = z
         if (v === undefined || v.trim() === '') return undefined;
         const servers = v.split(',').map((s) => s.trim());
         for (const s of servers) {
-          if (!hostPort.safeParse(s).success) {
-            ctx.addIssue({ code: 'custom', message: `invalid server "${s}": expected host or host:port` });
+          const checked = hostPort.safeParse(s);
+          if (!checked.success) {
+            ctx.addIssue({ code: 'custom', message: `invalid server "${s}": ${checked.error.issues[0]?.message ?? 'expected host or host:port'}` });
             return z.NEVER;
           }
         }

@@ -34,7 +34,7 @@ const LABELS: Record<DomainDnsRecord['purpose'], string> = {
   dkim: 'DKIM',
   spf: 'SPF',
   dmarc: 'DMARC',
-  return_path: 'return-path MX',
+  return_path: 'return-path',
 };
 
 /**
