@@ -317,8 +317,15 @@ describe('tracking tokens', () => {
   it('counts concurrent duplicate hits once: first open, first click and campaign counters', async () => {
     const ids = [await send('a@example.com'), await send('b@example.com')];
     await sql(`insert into campaigns (id, organization_id, name, created_at, updated_at) values ('cmp_test', ?, 'Test', now(), now())`, [organizationId]);
-    await sql(`update emails set campaign_id = 'cmp_test' where id in (?, ?)`, ids);
+    await sql(`update emails set campaign_id = 'cmp_test', source = 'campaign' where id in (?, ?)`, ids);
+    // A test send of the campaign: its opens and clicks are not the campaign's.
+    const testSend = await send('tester@example.com');
+    await sql(`update emails set campaign_id = 'cmp_test', source = 'test' where id = ?`, [testSend]);
     const { signer } = ctx.services;
+    for (const url of [`/t/o/${openToken(signer, testSend)}.gif`, `/t/c/${clickToken(signer, testSend, 0, 'https://acme.test/0')}`]) {
+      expect([200, 302]).toContain((await ctx.app.inject({ url })).statusCode);
+    }
+    await until(() => eventCount(testSend), (n) => n === 2);
     const hits = ids.flatMap((id) => [
       ...Array.from({ length: 20 }, () => ctx.app.inject({ url: `/t/o/${openToken(signer, id)}.gif` })),
       ...Array.from({ length: 20 }, (_, i) => ctx.app.inject({ url: `/t/c/${clickToken(signer, id, i % 2, `https://acme.test/${i % 2}`)}` })),
@@ -351,7 +358,7 @@ describe('tracking tokens', () => {
   it('records the later hits of an email already opened, and its first click once', async () => {
     const id = await send('regular@example.com');
     await sql(`insert into campaigns (id, organization_id, name, created_at, updated_at) values ('cmp_regular', ?, 'Regular', now(), now())`, [organizationId]);
-    await sql(`update emails set campaign_id = 'cmp_regular' where id = ?`, [id]);
+    await sql(`update emails set campaign_id = 'cmp_regular', source = 'campaign' where id = ?`, [id]);
     const { signer } = ctx.services;
     const open = `/t/o/${openToken(signer, id)}.gif`;
     expect((await ctx.app.inject({ url: open })).statusCode).toBe(200);

@@ -42,6 +42,7 @@ export async function insertTrackingEvents(em: EntityManager, columns: TrackingE
 /** An email whose first open or click a batch just set. */
 export interface FirstEngagement {
   id: string;
+  /** The campaign whose counters it moves: a campaign email's, not a test send's (source `test`). */
   campaign_id: string | null;
 }
 
@@ -56,7 +57,7 @@ export async function setFirstEngagement(em: EntityManager, kind: 'open' | 'clic
     `update emails e set ${column} = f.at, updated_at = now()
      from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
      where e.id = f.id and e.${column} is null
-     returning e.id, e.campaign_id`,
+     returning e.id, case when e.source = 'campaign' then e.campaign_id end as campaign_id`,
     [JSON.stringify(candidates)],
   );
 }
