@@ -218,6 +218,22 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     const r1 = await api('POST', `/campaigns/${noLink.id}/send`, {});
     expect(r1.statusCode).toBe(400);
     expect(r1.json()).toMatchObject({ name: 'validation_error', details: [{ path: 'content' }] });
+    // HTML that holds no link a reader can click: a comment, a textarea, a template, a <link>.
+    for (const hidden of [
+      '<!-- <a href="{{unsubscribe_url}}">Unsubscribe</a> -->',
+      '<textarea><a href="{{unsubscribe_url}}">Unsubscribe</a></textarea>',
+      '<template><a href="{{unsubscribe_url}}">Unsubscribe</a></template>',
+      '<link rel="x" href="{{unsubscribe_url}}">',
+    ]) {
+      const c = await createCampaign({ content: `Hi\n\n${hidden}\n` });
+      const res = await api('POST', `/campaigns/${c.id}/send`, {});
+      expect(res.statusCode, hidden).toBe(400);
+      expect(res.json().details[0].path, hidden).toBe('content');
+    }
+    // An HTML link a reader can click does count.
+    const htmlLink = await createCampaign({ content: 'Hi\n\n<p><a href="{{ unsubscribe_url }}">Unsubscribe</a></p>\n', recipientFilters: [{ type: 'tag', op: 'has', value: 'nobody-has-this-tag' }] });
+    expect((await api('POST', `/campaigns/${htmlLink.id}/send`, { scheduledAt: '2031-01-01T00:00:00Z' })).statusCode).toBe(200);
+    expect((await api('DELETE', `/campaigns/${htmlLink.id}`)).statusCode).toBe(200);
     const noSender = await createCampaign({ content: `Hi${UNSUB_MD}`, senderId: null });
     expect((await api('POST', `/campaigns/${noSender.id}/send`, {})).json()).toMatchObject({ statusCode: 400, details: [{ path: 'senderId' }] });
     const ok = await createCampaign({ content: `Hi${UNSUB_MD}` });

@@ -1,4 +1,4 @@
-import { Marked, type Token } from 'marked';
+import { parseFragment, type DefaultTreeAdapterMap } from 'parse5';
 import type { CampaignContentType } from '../db/entities/campaign.js';
 import { assertContentSize, inlineStyles, layout, markdownToHtml, renderChecked } from '../emails/render.js';
 import { UNSUBSCRIBE_TARGET } from './html.js';
@@ -30,17 +30,29 @@ export function normalizeContent(contentType: CampaignContentType, content: unkn
   return problem ? { problem } : { value };
 }
 
-// Configured once and holding no state between parses: shared by every campaign.
-const lexer = new Marked({ gfm: true });
+type Node = DefaultTreeAdapterMap['node'];
 
 function markdownHasUnsubscribeLink(markdown: string): boolean {
-  let found = false;
-  const tokens = lexer.lexer(markdown);
-  lexer.walkTokens(tokens, (token: Token) => {
-    if (token.type === 'link' && UNSUBSCRIBE_TARGET.test(token.href)) found = true;
-    if (token.type === 'html' && /href\s*=\s*["']?\s*\{\{\s*unsubscribe_url\s*\}\}/i.test(token.raw)) found = true;
-  });
-  return found;
+  // The HTML the reader gets (a Markdown link, or HTML written in the Markdown), as a whole:
+  // HTML tokens on their own would lose what encloses them (a template, a textarea).
+  return htmlHasUnsubscribeLink(markdownToHtml(markdown));
+}
+
+/**
+ * Whether HTML holds an `<a>` the reader can click whose target is `{{unsubscribe_url}}`:
+ * parsed (parse5), so one in a comment, in a `<textarea>` or `<template>`, or a
+ * `<link href>`, is no link.
+ */
+function htmlHasUnsubscribeLink(html: string): boolean {
+  if (!/unsubscribe_url/i.test(html)) return false;
+  const stack: Node[] = [parseFragment(html)];
+  while (stack.length > 0) {
+    const node = stack.pop()!;
+    if ('tagName' in node && node.tagName === 'a' && node.attrs.some((a) => a.name === 'href' && UNSUBSCRIBE_TARGET.test(a.value))) return true;
+    // A template's content is not shown; childNodes of other elements are.
+    if ('childNodes' in node) stack.push(...node.childNodes);
+  }
+  return false;
 }
 
 /** True when `{{unsubscribe_url}}` is the target of a link (not merely in the text). */
