@@ -32,12 +32,24 @@ function evidence(id: string) {
 }
 
 describe('buildConfirmationEmail', () => {
-  it('builds a subject and markdown holding the link', () => {
+  it('builds a subject and HTML holding the link', () => {
     const url = 'https://mail.example.test/confirm/abc.def';
     const email = buildConfirmationEmail({ organization: { name: 'Acme' }, subscriber: { email: 'a@example.com', name: 'Ann' }, confirmUrl: url });
     expect(email.subject).toBe('Confirm your subscription to Acme');
-    expect(email.markdown).toContain(`](${url})`);
-    expect(email.markdown).toContain('Hello Ann,');
+    expect(email.html).toContain(`<a href="${url}">Confirm my subscription</a>`);
+    expect(email.html).toContain('Hello Ann,');
+  });
+
+  it('shows a name, organization and address as text: no link, no markup, no stray backslash', () => {
+    const email = buildConfirmationEmail({
+      organization: { name: 'Acme <b>Inc</b>' },
+      subscriber: { email: 'a@example.com', name: 'Win a prize https://3627734734/claim *now* [here](https://evil.example)' },
+      confirmUrl: 'https://mail.example.test/confirm/abc',
+    });
+    expect(email.html).toContain('Hello Win a prize https://3627734734/claim *now* [here](https://evil.example),');
+    expect(email.html).toContain('Acme &lt;b&gt;Inc&lt;/b&gt;');
+    expect(email.html.match(/<a /g)).toHaveLength(1);
+    expect(email.html).not.toContain('\\');
   });
 });
 
@@ -47,10 +59,10 @@ describe('double opt-in confirmation (docs/audience.md "Double opt-in")', () => 
     expect(s.status).toBe('PENDING_CONFIRMATION');
     const job = await finishedConfirmation(ctx, s.id);
     expect(job?.failedReason).toBeUndefined();
-    const { message } = job!.returnvalue as { message: { to: string; subject: string; markdown: string } };
+    const { message } = job!.returnvalue as { message: { to: string; subject: string; html: string } };
     expect(message.to).toBe('confirm-me@example.com');
     expect(message.subject).toContain('Acme News');
-    const link = /https:\/\/mail\.example\.test\/confirm\/([A-Za-z0-9_.-]+)/.exec(message.markdown);
+    const link = /https:\/\/mail\.example\.test\/confirm\/([A-Za-z0-9_.-]+)/.exec(message.html);
     expect(link).not.toBeNull();
 
     const head = await ctx.app.inject({ method: 'HEAD', url: `/confirm/${link![1]}` });

@@ -10,7 +10,7 @@ export interface ConfirmationMessage {
   subscriberId: string;
   to: string;
   subject: string;
-  markdown: string;
+  html: string;
 }
 
 /**
@@ -51,8 +51,8 @@ export async function handOffConfirmationEmail(
     from: message.from,
     to: message.to,
     subject: message.subject,
-    contentKind: 'markdown' as const,
-    content: message.markdown,
+    contentKind: 'html' as const,
+    content: message.html,
     tags: [{ name: 'category', value: 'double_opt_in' }],
   };
   const created = await createEmails(ctx.em, { producer: ctx.services.producer, logger: ctx.log }, [input], {

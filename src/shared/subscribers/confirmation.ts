@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { LinkSigner } from '../crypto.js';
+import { escapeHtml } from '../html.js';
 import { lockConfirmationTarget, markConfirmed, selectConfirmationTarget } from './queries.js';
 import { toRecord } from './rows.js';
 import { tagsOf } from './service.js';
@@ -45,27 +46,24 @@ export interface ConfirmationEmailInput {
   confirmUrl: string;
 }
 
-/** Markdown characters that would change the meaning of a name shown in the message. */
-function escapeMarkdown(text: string): string {
-  return text.replace(/[\\`*_{}[\]()#+\-.!<>|~]/g, '\\$&');
-}
-
-/** The confirmation message; the send pipeline renders the markdown (pure, no I/O). */
-export function buildConfirmationEmail(input: ConfirmationEmailInput): { subject: string; markdown: string } {
+/**
+ * The confirmation message, as HTML (the send pipeline derives its text part): the name, the
+ * organization and the address are the subscriber's own words, escaped as text, so none of
+ * them becomes a link or markup (as Markdown would: its autolinks turn a URL in a name into a
+ * live link). Pure, no I/O.
+ */
+export function buildConfirmationEmail(input: ConfirmationEmailInput): { subject: string; html: string } {
   const org = input.organization.name.replace(/[\r\n]+/g, ' ').trim();
-  const greeting = input.subscriber.name ? `Hello ${escapeMarkdown(input.subscriber.name)},` : 'Hello,';
+  const url = escapeHtml(input.confirmUrl);
+  const greeting = input.subscriber.name ? `Hello ${escapeHtml(input.subscriber.name)},` : 'Hello,';
   return {
     subject: `Confirm your subscription to ${org}`,
-    markdown: [
-      greeting,
-      '',
-      `Please confirm that you want to receive emails from ${escapeMarkdown(org)} at ${escapeMarkdown(input.subscriber.email)}.`,
-      '',
-      `[Confirm my subscription](${input.confirmUrl})`,
-      '',
-      `Or open this link: ${input.confirmUrl}`,
-      '',
-      'If you did not ask for this, ignore this email: you will not be subscribed.',
+    html: [
+      `<p>${greeting}</p>`,
+      `<p>Please confirm that you want to receive emails from ${escapeHtml(org)} at ${escapeHtml(input.subscriber.email)}.</p>`,
+      `<p><a href="${url}">Confirm my subscription</a></p>`,
+      `<p>Or open this link: ${url}</p>`,
+      '<p>If you did not ask for this, ignore this email: you will not be subscribed.</p>',
     ].join('\n'),
   };
 }
