@@ -108,5 +108,17 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
     expect(directory.code).toBe(1);
     expect(directory.stderr).toContain('is not a file');
     expect(directory.stderr).not.toMatch(/\n\s+at /);
+    // An empty file names no column; two email columns would lose one address of every row.
+    const empty = join(dir, 'empty.csv');
+    await writeFile(empty, '');
+    const emptied = await cli(['subscribers', 'import', empty, '--org', org.organizationId]);
+    expect(emptied.code).toBe(1);
+    expect(emptied.stderr).toContain('is empty');
+    const twice = join(dir, 'twice.csv');
+    await writeFile(twice, 'email,name,Email\nfirst@example.com,Ann,second@example.com\n');
+    const doubled = await cli(['subscribers', 'import', twice, '--org', org.organizationId]);
+    expect(doubled.code).toBe(1);
+    expect(doubled.stderr).toContain('the column "email" appears twice');
+    expect(doubled.stderr).not.toMatch(/\n\s+at /);
   });
 });

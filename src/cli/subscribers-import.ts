@@ -6,7 +6,7 @@ import { CsvError, parse } from 'csv-parse';
 import type { Config } from '../shared/config.js';
 import { initOrm } from '../shared/db/orm.js';
 import { AppError, NotFoundError } from '../shared/errors.js';
-import { importBatch, importCsvOptions, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
+import { CsvHeaderError, importBatch, importCsvOptions, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
 import { organizationExists } from '../shared/organizations/queries.js';
 
 // Rows per transaction: large enough that a batch costs a few round trips per thousand
@@ -65,6 +65,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     if (!(await organizationExists(orm.em.fork(), organizationId))) throw new NotFoundError(`no organization ${organizationId}`);
 
     let missingEmail = false;
+    let sawHeader = false;
     let headerLength = 0;
     const open = (onChunk?: (chunk: Buffer) => void) => {
       const input = createReadStream(file);
@@ -72,6 +73,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
       return input.pipe(
         parse(
           importCsvOptions((columns) => {
+            sawHeader = true;
             if (!columns.includes('email')) missingEmail = true;
             headerLength = columns.length;
             return columns;
@@ -88,7 +90,9 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     } catch (error) {
       throw utf8.problem() ?? brokenFile(file, error);
     }
-    if (missingEmail) throw new AppError(422, 'invalid_csv', `${file} has no email column (its first line must name the columns); nothing was imported`);
+    if (missingEmail || !sawHeader) {
+      throw new AppError(422, 'invalid_csv', `${file} ${sawHeader ? 'has no email column' : 'is empty'} (its first line must name the columns); nothing was imported`);
+    }
     const notUtf8 = utf8.problem(true);
     if (notUtf8) throw notUtf8;
 
@@ -198,6 +202,6 @@ function utf8Check(file: string) {
 
 /** A file csv-parse cannot read, as one line: `FILE: Quote Not Closed: … at line 6`. */
 function brokenFile(file: string, error: unknown): Error {
-  if (error instanceof CsvError) return new AppError(422, 'invalid_csv', `${file} is not a valid CSV file: ${error.message}; nothing was imported`);
+  if (error instanceof CsvError || error instanceof CsvHeaderError) return new AppError(422, 'invalid_csv', `${file} is not a valid CSV file: ${error.message}; nothing was imported`);
   return error instanceof Error ? error : new Error(String(error));
 }

@@ -21,10 +21,21 @@ export const RESERVED_COLUMNS = ['email', 'name', 'phone', 'tags'] as const;
  * lines ignored, cells trimmed, rows of any length, and each record with its own line number
  * (`info`: the parser reads ahead, so its running counters name a later line).
  */
+/** A first line the import cannot take (thrown by the parser's header callback, importCsvOptions). */
+export class CsvHeaderError extends Error {
+  override name = 'CsvHeaderError';
+}
+
 export function importCsvOptions(columns: (names: string[]) => string[] = (names) => names) {
   return {
     bom: true,
-    columns: (header: string[]) => columns(header.map((h) => h.trim().toLowerCase())),
+    columns: (header: string[]) => {
+      const names = header.map((h) => h.trim().toLowerCase());
+      // Two columns of one name: the parser would keep the last value of each row, and lose the other.
+      const twice = names.find((name, i) => name !== '' && names.indexOf(name) !== i);
+      if (twice !== undefined) throw new CsvHeaderError(`the column "${twice}" appears twice in the first line`);
+      return columns(names);
+    },
     skip_empty_lines: true,
     relax_column_count: true,
     trim: true,
