@@ -182,6 +182,21 @@ describe('recipient filters and recipientCount (docs/campaigns.md "Recipient fil
     await post({ email: 'f@f.test' });
     expect((await api('GET', `/campaigns/${draft.id}`, undefined, o.token)).json().recipientCount).toBe(5);
   });
+
+  it('keeps a filter on the same contacts when its tag is renamed', async () => {
+    const o = await createOrg(ctx.services, { name: 'Renames' });
+    const post = (body: unknown) => api('POST', '/subscribers', body, o.token);
+    await post({ email: 'vip1@r.test', tags: ['VIP'] });
+    await post({ email: 'vip2@r.test', tags: ['VIP'] });
+    await post({ email: 'other@r.test' });
+    const filters = [{ type: 'tag', op: 'not_has', value: 'vip' }, { type: 'field', name: 'plan', op: 'not_exists' }];
+    const c = (await api('POST', '/campaigns', { name: 'Not VIPs', recipientFilters: filters }, o.token)).json();
+    expect(c.recipientCount).toBe(1);
+    expect((await api('PATCH', '/tags/VIP', { name: 'Gold' }, o.token)).statusCode).toBe(200);
+    const after = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
+    expect(after.recipientFilters).toEqual([{ type: 'tag', op: 'not_has', value: 'Gold' }, { type: 'field', name: 'plan', op: 'not_exists' }]);
+    expect(after.recipientCount).toBe(1);
+  });
 });
 
 describe('PATCH /api/v2/campaigns/:id (docs/campaigns.md "API decisions")', () => {

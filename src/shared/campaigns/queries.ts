@@ -37,6 +37,24 @@ function recipientWhere(organizationId: string, filters: readonly RecipientFilte
   return { sql: clauses.join(' and '), params };
 }
 
+/**
+ * A tag renamed: the campaigns' tag filters naming it (they name tags, case aside) name it
+ * by its new name, so a filter keeps meaning the same contacts. Returns how many campaigns.
+ */
+export async function renameTagInFilters(em: Execute, organizationId: string, from: string, to: string): Promise<number> {
+  const updated = await em.execute<{ id: string }[]>(
+    `update campaigns c set recipient_filters = (
+       select jsonb_agg(case when f ->> 'type' = 'tag' and lower(f ->> 'value') = lower(?) then jsonb_set(f, '{value}', to_jsonb(?::text)) else f end order by n)
+         from jsonb_array_elements(c.recipient_filters) with ordinality as t(f, n))
+     where c.organization_id = ?
+       and exists (select 1 from jsonb_array_elements(c.recipient_filters) f where f ->> 'type' = 'tag' and lower(f ->> 'value') = lower(?))
+     returning c.id`,
+    [from, to, organizationId, from],
+    'all',
+  );
+  return updated.length;
+}
+
 /** How many contacts match now: one SQL count. */
 export async function countRecipients(em: Execute, organizationId: string, filters: readonly RecipientFilter[]): Promise<number> {
   const where = recipientWhere(organizationId, filters);

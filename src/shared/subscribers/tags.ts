@@ -1,6 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
+import { renameTagInFilters } from '../campaigns/queries.js';
 import * as q from './queries.js';
 import type { TagRef } from './rows.js';
 
@@ -36,9 +37,14 @@ export async function createTag(em: EntityManager, organizationId: string, name:
 export async function renameTag(em: EntityManager, organizationId: string, ref: string, name: string, now: Date): Promise<TagRef> {
   const tag = await getTag(em, organizationId, ref);
   try {
-    const updated = await q.updateTagName(em, tag.id, name, now);
-    if (!updated) throw new NotFoundError(`No tag ${ref}`);
-    return updated;
+    return await em.transactional(async (tx) => {
+      const updated = await q.updateTagName(tx, tag.id, name, now);
+      if (!updated) throw new NotFoundError(`No tag ${ref}`);
+      // Campaigns filter by a tag's name: theirs follow it, or a rename would retarget them
+      // (a scheduled "not_has vip" would mail the VIPs it excluded).
+      if (tag.name !== name) await renameTagInFilters(tx, organizationId, tag.name, name);
+      return updated;
+    });
   } catch (error) {
     if ((error as { code?: string }).code === '23505' || (error as { name?: string }).name === 'UniqueConstraintViolationException') {
       throw taken(name);
