@@ -114,6 +114,11 @@ describe('campaign test sends', () => {
     for (const to of ['a@example.net', 'b@example.net', 'c@example.net']) sent.push(await api('POST', `/campaigns/${id}/test`, { to }));
     expect(sent.map((r) => r.statusCode)).toEqual([200, 200, 429]);
     expect(sent[2]!.json()).toMatchObject({ name: 'rate_limit_exceeded' });
+    // This limit's own headers: when to retry, and its budget (not the per-second API limit's).
+    const retryAfter = Number(sent[2]!.headers['retry-after']);
+    expect(retryAfter).toBeGreaterThan(0);
+    expect(retryAfter).toBeLessThanOrEqual(3_600);
+    expect(sent[2]!.headers).toMatchObject({ 'ratelimit-limit': '2', 'ratelimit-remaining': '0', 'ratelimit-reset': String(retryAfter) });
     const rows = await ctx.services.orm.em.fork().execute<{ to: string }[]>(`select to_address as "to" from emails where source = 'test' order by to_address`);
     expect(rows.map((r) => r.to)).toEqual(['a@example.net', 'b@example.net']);
   });

@@ -13,6 +13,8 @@ export class AppError extends Error {
     readonly errorName: string,
     message: string,
     readonly details?: ErrorDetail[],
+    /** Response headers the answer carries (a limit's Retry-After and RateLimit-*). */
+    readonly headers?: Record<string, string>,
   ) {
     super(message);
     this.name = 'AppError';

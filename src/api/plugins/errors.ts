@@ -131,6 +131,7 @@ export function bearerChallenge(error: AuthenticationError): string {
 export function errorHeaders(error: unknown, body: ErrorBody, reply: FastifyReply): void {
   if (error instanceof AuthenticationError) void reply.header('WWW-Authenticate', bearerChallenge(error));
   if (body.statusCode === 503) void reply.header('Retry-After', '5');
+  if (error instanceof AppError && error.headers) void reply.headers(error.headers);
 }
 
 function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?: Error) => void): void {

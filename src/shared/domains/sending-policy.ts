@@ -68,10 +68,8 @@ export async function takeTestSend(redis: Redis, config: Pick<Config, 'redisPref
   const count = Number(result?.[0]?.[1] ?? 0);
   if (count > config.testSendsPerHour) {
     const retryAfter = Math.max(1, Math.ceil(((hour + 1) * 3_600_000 - now.getTime()) / 1000));
-    throw new AppError(
-      429,
-      'rate_limit_exceeded',
-      `At most ${config.testSendsPerHour} test emails an hour per organization; retry after ${retryAfter} s`,
-    );
+    // The headers of this limit, not the per-second API limit's the request passed.
+    const headers = { 'retry-after': String(retryAfter), 'ratelimit-limit': String(config.testSendsPerHour), 'ratelimit-remaining': '0', 'ratelimit-reset': String(retryAfter) };
+    throw new AppError(429, 'rate_limit_exceeded', `At most ${config.testSendsPerHour} test emails an hour per organization; retry after ${retryAfter} s`, undefined, headers);
   }
 }
