@@ -22,6 +22,9 @@ describe('merge tags with a fallback: {{name|there}}', () => {
     expect(fillHtml('<p>Hello {{name|there}}</p>', named)).toBe('<p>Hello Bo &lt;B&gt;</p>');
     // Percent-encoded in a link target by the markdown renderer.
     expect(fillHtml('<a href="https://x.test/?n=%7B%7Bname|anon%7D%7D">x</a>', anonymous)).toBe('<a href="https://x.test/?n=anon">x</a>');
+    // The bar encoded too (marked writes %7C), and an encoded fallback kept encoded for the URL.
+    expect(fillHtml('<a href="https://x.test/?c=%7B%7Bfields.country%7Cnone%7D%7D">x</a>', anonymous)).toBe('<a href="https://x.test/?c=none">x</a>');
+    expect(fillHtml('<a href="https://x.test/?c=%7B%7Bfields.country%7Cnew%20york%7D%7D">x</a>', anonymous)).toBe('<a href="https://x.test/?c=new%20york">x</a>');
   });
 
   it('a Maily variable node carries its fallback into the merge tag', () => {

@@ -9,10 +9,12 @@ import { escapeHtml } from '../html.js';
  *
  * A fallback follows a `|`: `Hello {{name|there}}` renders "Hello there" for a subscriber
  * without a name (empty or unknown value). It is template text, up to 200 characters without
- * `{`, `}`, `|` or `%`, trimmed. The pattern stays linear: the fallback's class excludes the
- * closing brace and its length is bounded, so a failed match backtracks at most 200 steps.
+ * `{`, `}` or `|` (in a link target the renderer encoded: `%7B%7Bfields.city%7Cnone%7D%7D`, its
+ * other %XX escapes kept as they are, right for a URL), trimmed. The pattern stays linear: the
+ * fallback's class excludes the braces and the bar, encoded or not, and its length is bounded,
+ * so a failed match backtracks at most 200 steps.
  */
-const PLACEHOLDER = /(?:\{\{|%7B%7B)\s*([A-Za-z0-9_.-]+)\s*(?:\|([^{}|%]{0,200}))?(?:\}\}|%7D%7D)/gi;
+const PLACEHOLDER = /(?:\{\{|%7B%7B)\s*([A-Za-z0-9_.-]+)\s*(?:(?:\||%7C)((?:[^{}|%]|%(?!7[BCD])[0-9A-F]{2}){0,200}))?(?:\}\}|%7D%7D)/gi;
 
 export const UNSUBSCRIBE_PURPOSE = 'unsubscribe';
 
