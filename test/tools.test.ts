@@ -62,6 +62,8 @@ describe('GET /api/v2/tools', () => {
       expect(Object.keys(tool).sort()).toEqual(['description', 'inputSchema', 'name', 'permission']);
       expect(tool.description.length).toBeGreaterThan(10);
       expect(tool.inputSchema.type).toBe('object');
+      // Every tool refuses arguments it does not name, and says so.
+      expect(tool.inputSchema.additionalProperties, tool.name).toBe(false);
     }
     const byName = Object.fromEntries(body.data.map((tool: { name: string }) => [tool.name, tool]));
     expect(byName.verify_email).toMatchObject({ permission: 'emails', inputSchema: { required: ['email'] } });
@@ -69,6 +71,18 @@ describe('GET /api/v2/tools', () => {
     expect(byName.schedule_campaign.inputSchema.required).toEqual(['campaignId']);
     expect(byName.list_domains.permission).toBe('domains');
     expect(byName.update_subscriber.inputSchema.required).toEqual(['subscriber']);
+  });
+
+  it('refuses an unknown argument as arguments.NAME, before dispatch (not counted), for every tool', async () => {
+    for (const [name, args] of [
+      ['verify_email', { email: 'jane@example.com', colour: 1 }],
+      ['create_subscriber', { email: 'a@example.org', colour: 1 }],
+      ['send_email', { from: 'me@acme.test', to: 'x@example.org', subject: 'hi', markdown: 'hi', colour: 1 }],
+    ] as const) {
+      const res = await ctx.app.inject({ method: 'POST', url: `/api/v2/tools/${name}`, headers: bearer(token), payload: { arguments: args } });
+      expect(res.statusCode, name).toBe(422);
+      expect(res.json().details, name).toEqual([expect.objectContaining({ path: 'arguments' })]);
+    }
   });
 
   it('answers any valid token, whatever its permissions', async () => {

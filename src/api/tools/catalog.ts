@@ -7,6 +7,7 @@ import { SendBody as SendCampaignBody } from '../routes/campaigns.js';
 import { CreateBody as CreateSubscriberBody, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
 import { VerifyBody } from '../routes/verification.js';
 import { CreateWebhookBody } from '../routes/webhooks.js';
+import { strictBody } from '../validation.js';
 import { segment, type EndpointRequest } from './dispatch.js';
 
 /**
@@ -41,14 +42,17 @@ export interface Tool {
 }
 
 function defineTool<S extends z.ZodType>(definition: ToolDefinition<S>): Tool {
+  // Unknown arguments are refused by the tool itself (`arguments.NAME`, before dispatch), and
+  // the published schema says so, as the endpoint refuses unknown body fields (validation.ts).
+  const inputSchema = strictBody(definition.inputSchema) as z.ZodType;
   return {
     name: definition.name,
     description: definition.description,
     permission: definition.permission,
-    inputSchema: definition.inputSchema,
+    inputSchema,
     readOnly: definition.readOnly ?? false,
     destructive: definition.destructive ?? false,
-    jsonSchema: toJsonSchema(definition.inputSchema),
+    jsonSchema: toJsonSchema(inputSchema),
     // Called only with arguments that passed `inputSchema` (see run.ts): the raw input, not
     // the parsed output, goes to the endpoint, which validates it again as any request.
     toRequest: (args) => definition.toRequest(args as z.input<S>),
@@ -227,6 +231,7 @@ export const tools: Tool[] = [
       webhookId: Id('Webhook id (whk_...)'),
       limit: Limit.optional().describe('1 to 100, default 20'),
       after: z.string().optional().describe('A delivery id (msg_...): list deliveries older than it'),
+      before: z.string().optional().describe('A delivery id (msg_...): list deliveries newer than it'),
     }),
     readOnly: true,
     toRequest: ({ webhookId, ...query }) => ({ method: 'GET', url: `/api/v2/webhooks/${segment(webhookId)}/deliveries`, query }),
