@@ -224,6 +224,19 @@ describe('verification (docs/domains.md "Verification")', () => {
     expect(verified.dnsRecords.find((r: DnsRecordBody) => r.purpose === 'return_path').status).toBe('PENDING');
   });
 
+  it('keeps SPF PENDING when receivers would not pass it: our mechanism after `all`, or two SPF records', async () => {
+    const created = await addDomain('spf.example');
+    publish(created.dnsRecords);
+    const spf = created.dnsRecords.find((r) => r.purpose === 'spf')!;
+    for (const txt of [['v=spf1 -all a:mail.mailroom.test'], ['v=spf1 a:mail.mailroom.test ~all', 'v=spf1 include:_spf.other.example ~all']]) {
+      dnsServer.set(spf.name, { txt });
+      await api('POST', `/domains/${created.id}/verify`);
+      const body = await waitFor(() => api('GET', `/domains/${created.id}`).then((r) => r.json()), (b) => b.message?.startsWith('Waiting'));
+      expect(body.status, txt.join(' | ')).toBe('PENDING');
+      expect(body.message).toContain('SPF TXT record at bounces.spf.example does not hold the expected value');
+    }
+  });
+
   it('reports a wrong DKIM key as not holding the expected value', async () => {
     const created = await addDomain('wrongkey.example');
     publish(created.dnsRecords);

@@ -76,13 +76,17 @@ function satisfies(record: DomainDnsRecord, published: string[]): boolean {
     case 'spf': {
       // Published "as given": the v=spf1 record holds every mechanism we asked for (the user
       // may add their own, and may choose another `all` qualifier).
+      // As receivers evaluate it (RFC 7208): one v=spf1 record at the name (two are a
+      // permerror), and our mechanisms before its `all` (nothing after `all` is evaluated).
       const wanted = normalizeTxt(record.value)
         .split(' ')
         .filter((t) => t !== 'v=spf1' && !/^[~?+-]?all$/.test(t));
-      return published.some((txt) => {
-        const terms = normalizeTxt(txt).split(' ');
-        return terms[0] === 'v=spf1' && wanted.every((t) => terms.includes(t));
-      });
+      const spf = published.map((txt) => normalizeTxt(txt).split(' ')).filter((terms) => terms[0] === 'v=spf1');
+      if (spf.length !== 1) return false;
+      const terms = spf[0]!;
+      const all = terms.findIndex((t) => /^[~?+-]?all$/.test(t));
+      const evaluated = all < 0 ? terms : terms.slice(0, all);
+      return wanted.every((t) => evaluated.includes(t));
     }
     case 'dmarc':
       return published.some((txt) => /^v\s*=\s*dmarc1\s*(;|$)/i.test(txt.trim()));
