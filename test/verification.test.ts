@@ -302,6 +302,10 @@ describe('DNS routing (rule 1)', () => {
     expect(await check('jane@v6.io')).toMatchObject({ result: 'risky', score: 80, issues: [] });
   });
 
+  it('accepts a domain whose fourth MX exchange is the first with an address', async () => {
+    expect(await check('jane@mx4.io')).toMatchObject({ result: 'risky', score: 80, issues: [] });
+  });
+
   it('accepts an implicit MX (A or AAAA record, no MX)', async () => {
     expect(await check('jane@implicit.io')).toMatchObject({ result: 'risky', accept: true, score: 80, issues: [] });
     expect(await check('jane@implicit6.io')).toMatchObject({ result: 'risky', accept: true, score: 80, issues: [] });
@@ -311,7 +315,7 @@ describe('DNS routing (rule 1)', () => {
     ['a null MX (RFC 7505)', 'jane@nullmx.io', /null MX/],
     ['NXDOMAIN', 'jane@nowhere-at-all.io', /does not exist/],
     ['no MX, A or AAAA', 'jane@noroute.io', /no mail destination/],
-    ['an MX whose exchange does not resolve', 'jane@deadmx.io', /no mail destination/],
+    ['an MX whose exchange does not resolve', 'jane@deadmx.io', /no mail destination \(none of its MX hosts has an address\)/],
   ])('rejects %s with invalid_domain, score 0', async (_l, email, message) => {
     const r = await check(email);
     expect(r).toMatchObject({ result: 'undeliverable', accept: false, score: 0, status: 'completed' });

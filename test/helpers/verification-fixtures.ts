@@ -28,6 +28,15 @@ export const VERIFICATION_ZONE: FixtureZone = {
   'noroute.io': { txt: ['v=spf1 -all'] },
   // An MX whose exchange does not resolve.
   'deadmx.io': { mx: [{ priority: 10, exchange: 'gone.deadmx.io' }] },
+  // Three exchanges without an address before one that has one: a sending MTA gets there.
+  'mx4.io': {
+    mx: [
+      { priority: 10, exchange: 'd1.mx4.io' },
+      { priority: 10, exchange: 'd2.mx4.io' },
+      { priority: 10, exchange: 'd3.mx4.io' },
+      { priority: 20, exchange: 'mx.v6.io' },
+    ],
+  },
   // Every query fails (SERVFAIL): a temporary failure.
   'flaky.io': { servfail: true },
   // Fails until a test publishes its MX.

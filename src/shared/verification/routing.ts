@@ -9,6 +9,7 @@ import { isPinnedProvider } from './lists.js';
  * - no MX at all (NODATA) → the domain's own A/AAAA: the implicit MX of RFC 5321 5.1;
  * - a null MX (one record, preference 0, exchange ".", RFC 7505) → no mail destination;
  * - NXDOMAIN → the domain does not exist; no MX, A or AAAA → no mail destination;
+ * - MX records none of whose exchanges (the first MAX_EXCHANGES) has an address → no mail destination either;
  * - a temporary failure anywhere → `temporary`, never cached.
  * Definitive answers are cached in Redis per domain, shared by every organization: routes
  * 12 hours (7 days for PINNED_PROVIDERS), answers without a route 1 hour, so a domain that
@@ -16,15 +17,19 @@ import { isPinnedProvider } from './lists.js';
  */
 export type Routing =
   | { outcome: 'mx' | 'implicit'; hosts: string[]; addresses: string[] }
-  | { outcome: 'null_mx' | 'no_route' | 'nxdomain' };
+  | { outcome: 'null_mx' | 'no_route' | 'nxdomain' | 'mx_unresolved' };
 
 export type RoutingLookup = (Routing & { cacheHit: boolean }) | { outcome: 'temporary'; reason: string; cacheHit: false };
 
 export const ROUTE_TTL_SECONDS = 12 * 3600;
 export const PINNED_ROUTE_TTL_SECONDS = 7 * 24 * 3600;
 export const NEGATIVE_TTL_SECONDS = 3600;
-/** Exchanges tried in preference order before giving up on a domain. */
-const MAX_EXCHANGES = 3;
+/**
+ * Exchanges tried in preference order before giving up on a domain: as far as a sending MTA
+ * goes (RFC 5321 5.1 tries them all; a domain rarely publishes more), bounded so that one
+ * verification costs at most 2 lookups an exchange.
+ */
+const MAX_EXCHANGES = 10;
 
 class Temporary extends Error {}
 
@@ -55,7 +60,7 @@ export async function resolveRouting(dns: DnsLookup, domain: string): Promise<Ro
           temporary = error;
         }
       }
-      return temporary ? { outcome: 'temporary', reason: temporary.message } : { outcome: 'no_route' };
+      return temporary ? { outcome: 'temporary', reason: temporary.message } : { outcome: 'mx_unresolved' };
     }
     const addresses = await addressesOf(dns, domain);
     return addresses.length > 0 ? { outcome: 'implicit', hosts: [domain], addresses } : { outcome: 'no_route' };
