@@ -196,6 +196,20 @@ describe('rate limit', () => {
 });
 
 describe('MCP at /mcp', () => {
+  it('answers a body the HTTP layer refuses (not JSON, not JSON\'s type, too large) as JSON-RPC errors', async () => {
+    const post = (payload: string, contentType = 'application/json') =>
+      ctx.app.inject({ method: 'POST', url: '/mcp', headers: { ...bearer(token), 'content-type': contentType, accept: 'application/json, text/event-stream' }, payload });
+    const broken = await post('{"jsonrpc":"2.0","id":1,"method":"tools/list"');
+    expect(broken.statusCode).toBe(400);
+    expect(broken.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32700 }, id: null });
+    const text = await post('{"jsonrpc":"2.0","id":1,"method":"tools/list"}', 'text/plain');
+    expect(text.statusCode).toBe(415);
+    expect(text.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32600 }, id: null });
+    const huge = await post(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: { pad: 'x'.repeat(2 * 1024 * 1024) } }));
+    expect(huge.statusCode).toBe(413);
+    expect(huge.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32600 }, id: null });
+  });
+
   it('lists the same catalog with read-only and destructive annotations', async () => {
     const client = await clients.for(token);
     const { tools } = await client.listTools();
