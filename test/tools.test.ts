@@ -210,6 +210,18 @@ describe('MCP at /mcp', () => {
     expect(huge.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32600 }, id: null });
   });
 
+  it('a tools/call answer carries the endpoint\'s rate-limit headers', async () => {
+    const res = await ctx.app.inject({
+      method: 'POST',
+      url: '/mcp',
+      headers: { ...bearer(token), 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+      payload: { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'list_domains', arguments: {} } },
+    });
+    expect(res.statusCode).toBe(200);
+    expect(res.headers['ratelimit-limit']).toMatch(/^\d+$/);
+    expect(res.headers['ratelimit-remaining']).toMatch(/^\d+$/);
+  });
+
   it('lists the same catalog with read-only and destructive annotations', async () => {
     const client = await clients.for(token);
     const { tools } = await client.listTools();

@@ -33,7 +33,7 @@ function describe(tool: Tool): McpTool {
  * of that request, with the caller's own bearer token, through the same runner as
  * `POST /api/v2/tools/{name}`.
  */
-function serverFor(app: App, request: FastifyRequest): Server {
+function serverFor(app: App, request: FastifyRequest, reply: FastifyReply): Server {
   const server = new Server(SERVER_INFO, {
     capabilities: { tools: {} },
     instructions: 'mailroom: transactional email, subscribers, campaigns, sending domains and address verification.',
@@ -41,6 +41,9 @@ function serverFor(app: App, request: FastifyRequest): Server {
   server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: tools.map(describe) }));
   server.setRequestHandler(CallToolRequestSchema, async (call): Promise<CallToolResult> => {
     const result = await runTool(app, request, call.params.name, call.params.arguments ?? {});
+    // The endpoint's rate-limit headers (and a 429's Retry-After) on the HTTP answer: the
+    // last call's, as the transport writes the headers once all calls have run.
+    for (const [name, value] of Object.entries(result.headers)) if (!reply.raw.headersSent) reply.raw.setHeader(name, value);
     const body = result.body ?? errorBody(result.statusCode, 'internal_error', 'Empty response');
     return {
       content: [{ type: 'text', text: JSON.stringify(body) }],
@@ -81,7 +84,7 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
     // refuses U+0000 itself (as a tool error the client can read).
     app.post('/mcp', { schema: { hide: true }, config: { acceptsNul: true } }, async (request, reply) => {
       if (!onlyToolCalls(request.body)) await rateLimit(limiter, request.caller, reply);
-      const server = serverFor(app, request);
+      const server = serverFor(app, request, reply);
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
       // The transport writes the answer itself: the headers set so far (X-Request-Id, the
       // rate limit's) go on the raw response first, or they would be lost with the hijack.
