@@ -171,6 +171,11 @@ describe('POST /api/v1/emails (send)', () => {
     const res = await v1('POST', '/emails', { ...base, content: 'x' }, narrow);
     expect(res.statusCode).toBe(403);
     expect(res.json()).toMatchObject({ success: false, error: { name: 'missing_permission', statusCode: 403 } });
+    // Permission before v1's own validation, as v2 orders them (spec 5.3): a bad body, a bad query.
+    expect((await v1('POST', '/emails', { from: 'a@acme.test' }, narrow)).statusCode).toBe(403);
+    const campaignsOnly = (await v2('POST', '/tokens', { name: 'campaigns only', permissions: ['campaigns'] })).json().token;
+    expect((await v1('GET', '/subscribers?limit=0', undefined, campaignsOnly)).statusCode).toBe(403);
+    expect((await v1('GET', '/subscribers?limit=0')).statusCode).toBe(422);
   });
 });
 

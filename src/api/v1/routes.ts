@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { errorBody, errorHeaders, toErrorBody } from '../plugins/errors.js';
 import { dispatch, segment, type EndpointRequest, type EndpointResponse } from '../tools/dispatch.js';
 import type { App } from '../types.js';
+import type { Permission } from '../../shared/tokens/permissions.js';
 import { sendWrapped, v1Error } from './envelope.js';
 
 /**
@@ -21,13 +22,18 @@ interface Mirror {
    * `all`: v2 answers the whole list (tags); v1 pages it the same way in memory.
    */
   list?: 'cursor' | 'all';
+  /**
+   * The v2 twin's permission, for a path v1 validates itself (its list query): checked first,
+   * so a token without it gets the twin's 403 before any 422 of v1's own (spec 5.3).
+   */
+  permission?: Permission;
 }
 
 const MIRRORED: Mirror[] = [
   { method: 'POST', path: '/emails/verify', v2: '/verify' },
   { method: 'POST', path: '/verify' },
   { method: 'POST', path: '/subscribers' },
-  { method: 'GET', path: '/subscribers', list: 'cursor' },
+  { method: 'GET', path: '/subscribers', list: 'cursor', permission: 'subscribers' },
   { method: 'GET', path: '/subscribers/:subscriber' },
   { method: 'PATCH', path: '/subscribers/:subscriber' },
   // Disabled as on v2: its 405 method_not_allowed, with Allow (contract 4), not an unknown path's 404.
@@ -35,12 +41,12 @@ const MIRRORED: Mirror[] = [
   { method: 'POST', path: '/subscribers/:subscriber/unsubscribe' },
   { method: 'POST', path: '/subscribers/:subscriber/tags' },
   { method: 'DELETE', path: '/subscribers/:subscriber/tags' },
-  { method: 'GET', path: '/subscribers/:subscriber/events', list: 'cursor' },
+  { method: 'GET', path: '/subscribers/:subscriber/events', list: 'cursor', permission: 'subscribers' },
   { method: 'POST', path: '/events' },
-  { method: 'GET', path: '/tags', list: 'all' },
+  { method: 'GET', path: '/tags', list: 'all', permission: 'audience' },
   { method: 'POST', path: '/tags' },
   { method: 'GET', path: '/tags/:tag' },
-  { method: 'GET', path: '/campaigns', list: 'cursor' },
+  { method: 'GET', path: '/campaigns', list: 'cursor', permission: 'campaigns' },
   { method: 'POST', path: '/campaigns' },
   { method: 'GET', path: '/campaigns/:campaignId' },
   { method: 'PATCH', path: '/campaigns/:campaignId' },
@@ -176,6 +182,7 @@ export async function v1Routes(app: App): Promise<void> {
       method: mirror.method,
       url: mirror.path,
       schema: { hide: true, ...(mirror.list ? { querystring: ListQuery } : {}) },
+      ...(mirror.permission ? { config: { permission: mirror.permission } } : {}),
       handler: async (request, reply) => {
         const url = v2Url(mirror.v2 ?? mirror.path, request.params);
         if (mirror.list === 'cursor') return forwardList(app, request, reply, url);
@@ -186,7 +193,7 @@ export async function v1Routes(app: App): Promise<void> {
     });
   }
 
-  app.post('/emails', { schema: { hide: true, body: V1SendBody } }, async (request, reply) => {
+  app.post('/emails', { schema: { hide: true, body: V1SendBody }, config: { permission: 'emails' } }, async (request, reply) => {
     const { content, contentType, replyTo, tracking: _dropped, ...rest } = request.body;
     const body = { ...rest, [CONTENT_FIELD[contentType]]: content, ...(replyTo === undefined ? {} : { reply_to: replyTo }) };
     const response = await dispatch(app, request, { method: 'POST', url: '/api/v2/emails', body, headers: forwardedHeaders(request) });
