@@ -20,11 +20,11 @@ const Params = z.object({ token: z.string().max(2000) });
  * request (body `List-Unsubscribe=One-Click`, form-encoded). A forged token is 404.
  */
 export async function unsubscribeRoutes(app: App): Promise<void> {
-  // Form posts (the page's button, mail clients' one-click) carry a urlencoded body; it is
-  // read as text and not needed: the token alone says who. Scoped to this plugin.
-  app.addContentTypeParser(['application/x-www-form-urlencoded', 'multipart/form-data', 'text/plain'], { parseAs: 'string', bodyLimit: 4096 }, (_req, body, done) =>
-    done(null, body),
-  );
+  // Form posts (the page's button, mail clients' one-click) carry a urlencoded body, and a
+  // client may send anything else: it is read as text and not needed, the token alone says
+  // who (any body, docs/campaigns.md; JSON that does not parse unsubscribes too). Scoped to this plugin.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'string', bodyLimit: 4096 }, (_req, body, done) => done(null, body));
 
   app.get('/u/:token', { exposeHeadRoute: false, schema: { hide: true, params: Params } }, async (request, reply) => {
     void reply.type('text/html; charset=utf-8').header('cache-control', 'no-store');
