@@ -154,6 +154,12 @@ describe('syntax (rule 1)', () => {
     expect(r.issues[0]).toMatchObject({ severity: 'error', retryable: false });
   });
 
+  it('says an address far past any limit is too long (the cut of what is echoed does not change the reason)', async () => {
+    const r = await check(`${'a'.repeat(200_000)}@acme.io`);
+    expect(r.issues[0]).toMatchObject({ code: 'invalid_format', message: expect.stringContaining('longer than 254 octets') });
+    expect(r.email.length).toBeLessThanOrEqual(1024);
+  });
+
   it('accepts the RFC 5321 maximum lengths', () => {
     const local = 'a'.repeat(64);
     expect(parseAddress(`${local}@acme.io`).ok).toBe(true);

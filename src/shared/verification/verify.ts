@@ -194,7 +194,11 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
   const now = deps.clock();
   const { month, resetsAt } = monthOf(now);
   // Echo and store at most this much of an impossible address.
-  const parsed = parseAddress(input.email.slice(0, MAX_INPUT));
+  // An address that long is already refused, for its length: said before the cut can hide it.
+  const parsed =
+    input.email.length > MAX_INPUT
+      ? { ...parseAddress(input.email.slice(0, MAX_INPUT)), ok: false as const, reason: 'the address is longer than 254 octets' }
+      : parseAddress(input.email);
   let local: LocalFindings;
   let failed = false;
   const issues: Issue[] = [];
