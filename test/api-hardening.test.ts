@@ -205,10 +205,10 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
     expect(await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select count(*)::int as n from email_verifications`)).toEqual(before);
   });
 
-  it('answers a tool argument with an unpaired surrogate in a path segment with the endpoint\'s 404, not a 500', async () => {
+  it('answers a tool argument with an unpaired surrogate with the validation error naming it, not a 500', async () => {
     const answer = await runOverHttp(ctx, acme.token, 'get_email', { id: 'eml_\ud800' });
-    expect(answer.statusCode).not.toBe(500);
-    expect(answer.body).toMatchObject({ name: expect.stringMatching(/not_found|validation_error/) });
+    expect(answer.statusCode).toBe(422);
+    expect(answer.body).toMatchObject({ name: 'validation_error', details: [{ path: 'arguments.id', message: expect.stringContaining('surrogate') }] });
   });
 
   it('answers a tool argument holding U+0000 with the endpoint\'s validation error', async () => {

@@ -296,6 +296,8 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     // Only the case: a current name stays itself (ICU's own preference is a legacy alias).
     const kolkata = await createCampaign({ content: `Hi${UNSUB_MD}` });
     expect((await api('POST', `/campaigns/${kolkata.id}/send`, { scheduledAt: '2030-07-15T09:00', timezone: 'Asia/Kolkata' })).json().timezone).toBe('Asia/Kolkata');
+    const calcutta = await createCampaign({ content: `Hi${UNSUB_MD}` });
+    expect((await api('POST', `/campaigns/${calcutta.id}/send`, { scheduledAt: '2030-07-15T09:00', timezone: 'asia/calcutta' })).json().timezone).toBe('Asia/Calcutta');
     const job = await ctx.services.producer.queue('campaigns').getJob(c.id);
     expect(await job?.getState()).toBe('delayed');
     expect(job!.opts.delay).toBeGreaterThan(1e8);

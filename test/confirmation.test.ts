@@ -36,7 +36,9 @@ describe('buildConfirmationEmail', () => {
     const url = 'https://mail.example.test/confirm/abc.def';
     const email = buildConfirmationEmail({ organization: { name: 'Acme' }, subscriber: { email: 'a@example.com', name: 'Ann' }, confirmUrl: url });
     expect(email.subject).toBe('Confirm your subscription to Acme');
-    expect(email.html).toContain(`<a href="${url}">Confirm my subscription</a>`);
+    expect(email.html).toMatch(new RegExp(`<a href="${url.replaceAll('.', '\\.')}"[^>]*>Confirm my subscription</a>`));
+    // In the layout every rendered email has.
+    expect(email.html).toMatch(/^<!DOCTYPE html>/);
     expect(email.html).toContain('Hello Ann,');
   });
 

@@ -73,15 +73,20 @@ describe('GET /api/v2/tools', () => {
     expect(byName.update_subscriber.inputSchema.required).toEqual(['subscriber']);
   });
 
-  it('refuses an unknown argument as arguments.NAME, before dispatch (not counted), for every tool', async () => {
+  it('refuses an unknown argument before dispatch, naming it, and the endpoint counts nothing', async () => {
+    const remaining = async () => Number((await ctx.app.inject({ url: '/api/v2/domains', headers: bearer(token) })).headers['ratelimit-remaining']);
     for (const [name, args] of [
       ['verify_email', { email: 'jane@example.com', colour: 1 }],
       ['create_subscriber', { email: 'a@example.org', colour: 1 }],
       ['send_email', { from: 'me@acme.test', to: 'x@example.org', subject: 'hi', markdown: 'hi', colour: 1 }],
     ] as const) {
+      await new Promise((resolve) => setTimeout(resolve, 1_000 - (Date.now() % 1_000) + 5));
+      const before = await remaining();
       const res = await ctx.app.inject({ method: 'POST', url: `/api/v2/tools/${name}`, headers: bearer(token), payload: { arguments: args } });
       expect(res.statusCode, name).toBe(422);
-      expect(res.json().details, name).toEqual([expect.objectContaining({ path: 'arguments' })]);
+      expect(res.json().details, name).toEqual([{ path: 'arguments', message: expect.stringContaining('"colour" is not a field') }]);
+      // Only the probe itself was counted since: the refused call was not dispatched.
+      expect(await remaining(), name).toBe(before - 1);
     }
   });
 

@@ -167,7 +167,12 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (problem) throw replies.notAllowed(`From: ${problem}`);
           // Who else the message says sends it (Sender, Resent-From): the same policy, or the
           // organization's DKIM key would sign mail "sent by" a domain it does not own.
+          // Each domain once (a folded Resent-From may list thousands of addresses).
+          const seen = new Set<string>();
           for (const { header, address } of message.sentBy) {
+            const domain = address.slice(address.lastIndexOf('@') + 1).toLowerCase();
+            if (seen.has(domain)) continue;
+            seen.add(domain);
             const refused = await sendingPolicyProblem(em, services.config, caller.organizationId, address);
             if (refused) throw replies.notAllowed(`${header}: ${refused}`);
           }

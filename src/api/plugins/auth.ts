@@ -80,12 +80,14 @@ export function authHook(services: Services, cache: TokenCache, limiter: WindowR
     request.caller = await authenticate(services, cache, request);
     if (!organizationLimitPaid(request)) await limitOrganization(services, request.caller, reply);
     await rateLimit(limiter, request.caller, reply);
-    const permission = request.routeOptions.config?.permission;
-    if (permission && !holds(request.caller.permissions, permission)) {
-      throw new PermissionError(
-        `This token lacks the "${permission}" permission`,
-        request.routeOptions.config.permissionErrorName ?? 'missing_permission',
-      );
-    }
+    assertRoutePermission(request);
   };
+}
+
+/** The route's permission (its config), held by the caller or 403 under the route's error name. */
+export function assertRoutePermission(request: FastifyRequest): void {
+  const permission = request.routeOptions.config?.permission;
+  if (permission && !holds(request.caller.permissions, permission)) {
+    throw new PermissionError(`This token lacks the "${permission}" permission`, request.routeOptions.config.permissionErrorName ?? 'missing_permission');
+  }
 }

@@ -127,6 +127,11 @@ export function bearerChallenge(error: AuthenticationError): string {
     : `Bearer realm="${BEARER_REALM}"`;
 }
 
+/** A 5xx is the service's problem: logged with the error (a 4xx is the caller's, and is not). */
+export function logServerError(request: FastifyRequest, error: unknown, body: ErrorBody): void {
+  if (body.statusCode >= 500) request.log.error({ err: error }, body.statusCode === 503 ? 'dependency unavailable' : 'request failed');
+}
+
 /** The headers an error answer carries besides its body: the 401 challenge, the 503 retry hint. */
 export function errorHeaders(error: unknown, body: ErrorBody, reply: FastifyReply): void {
   if (error instanceof AuthenticationError) void reply.header('WWW-Authenticate', bearerChallenge(error));
@@ -167,9 +172,7 @@ export function frameworkError(
 export function registerErrorHandling(app: App): void {
   app.setErrorHandler((error, request, reply: FastifyReply) => {
     const body = toErrorBody(error, request);
-    if (body.statusCode >= 500) {
-      request.log.error({ err: error }, body.statusCode === 503 ? 'dependency unavailable' : 'request failed');
-    }
+    logServerError(request, error, body);
     errorHeaders(error, body, reply);
     return reply.code(body.statusCode).send(body);
   });

@@ -4,6 +4,13 @@ import type { App } from '../types.js';
 import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE, OPERATOR_USER } from '../../shared/operator-auth.js';
 import { errorBody } from './errors.js';
 
+/** One answer in the HTTP metrics, by route pattern (never the raw URL) and status. */
+export function countAnswer(metrics: Metrics, request: FastifyRequest, reply: FastifyReply, route: string): void {
+  const labels = { method: request.method, route, status_code: String(reply.statusCode) };
+  metrics.httpRequests.inc(labels);
+  metrics.httpRequestDuration.observe(labels, reply.elapsedTime / 1000);
+}
+
 /**
  * HTTP metrics of every route (recorded in onResponse, labelled by the route pattern, never
  * the raw URL, so ids in paths do not multiply series) and `GET /metrics` in Prometheus text.
@@ -14,13 +21,6 @@ import { errorBody } from './errors.js';
  * the figures (volumes, queue depths) are the operator's business (docs/operations.md,
  * docs/security.md). Concurrent scrapes share one collection (metrics.scrape).
  */
-/** One answer in the HTTP metrics, by route pattern (never the raw URL) and status. */
-export function countAnswer(metrics: Metrics, request: FastifyRequest, reply: FastifyReply, route: string): void {
-  const labels = { method: request.method, route, status_code: String(reply.statusCode) };
-  metrics.httpRequests.inc(labels);
-  metrics.httpRequestDuration.observe(labels, reply.elapsedTime / 1000);
-}
-
 export function registerMetrics(app: App): void {
   const { metrics, config } = app.services;
 

@@ -2,9 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../../shared/container.js';
 import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
-import { PermissionError } from '../../shared/errors.js';
-import { holds } from '../../shared/tokens/permissions.js';
-import { authenticate, limitOrganization, rateLimit } from '../plugins/auth.js';
+import { assertRoutePermission, authenticate, limitOrganization, rateLimit } from '../plugins/auth.js';
 
 /**
  * onRequest hook of the layers that dispatch v2 requests in-process (tool runner, MCP, v1):
@@ -24,9 +22,6 @@ export function callerHook(services: Services, cache: TokenCache, limiter: Windo
     if (options.counted) await rateLimit(limiter, request.caller, reply);
     // A route of these layers that validates its own input names its v2 twin's permission:
     // checked before that validation, as v2 does (the twin would check it too, but after).
-    const permission = request.routeOptions.config?.permission;
-    if (permission && !holds(request.caller.permissions, permission)) {
-      throw new PermissionError(`This token lacks the "${permission}" permission`, 'missing_permission');
-    }
+    assertRoutePermission(request);
   };
 }

@@ -42,7 +42,7 @@ export interface Tool {
 }
 
 function defineTool<S extends z.ZodType>(definition: ToolDefinition<S>): Tool {
-  // Unknown arguments are refused by the tool itself (`arguments.NAME`, before dispatch), and
+  // Unknown arguments are refused by the tool itself (path `arguments`, the message naming them, before dispatch), and
   // the published schema says so, as the endpoint refuses unknown body fields (validation.ts).
   const inputSchema = strictBody(definition.inputSchema) as z.ZodType;
   return {

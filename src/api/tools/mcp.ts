@@ -4,7 +4,7 @@ import { CallToolRequestSchema, ListToolsRequestSchema, type CallToolResult, typ
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
 import { rateLimit } from '../plugins/auth.js';
-import { errorBody, errorHeaders, toErrorBody } from '../plugins/errors.js';
+import { errorBody, errorHeaders, logServerError, toErrorBody } from '../plugins/errors.js';
 import type { App } from '../types.js';
 import { tools, type Tool } from './catalog.js';
 import { runTool } from './run.js';
@@ -75,6 +75,7 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
     // the HTTP status of the REST API: an MCP client parses the error either way.
     app.setErrorHandler((error, request, reply) => {
       const body = toErrorBody(error, request);
+      logServerError(request, error, body);
       errorHeaders(error, body, reply);
       const code = body.name === 'invalid_json' ? PARSE_ERROR : body.statusCode === 413 || body.statusCode === 415 ? INVALID_REQUEST : undefined;
       if (code === undefined) return reply.code(body.statusCode).send(body);

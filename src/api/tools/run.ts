@@ -5,11 +5,6 @@ import { holds, type Permission } from '../../shared/tokens/permissions.js';
 import { findTool, type Tool } from './catalog.js';
 import { dispatch, type EndpointRequest, type EndpointResponse } from './dispatch.js';
 
-/**
- * Runs a tool for the caller of `from`: unknown tool 404, arguments failing the tool's
- * schema 422 naming them, otherwise whatever the endpoint answers.
- * Shared by `POST /api/v2/tools/{name}` and the MCP server.
- */
 function lacksPermission(from: FastifyRequest, permission: Permission): boolean {
   return from.caller !== undefined && !holds(from.caller.permissions, permission);
 }
@@ -23,6 +18,11 @@ function requestFor(tool: Tool, args: unknown): EndpointRequest | undefined {
   }
 }
 
+/**
+ * Runs a tool for the caller of `from`: unknown tool 404, arguments failing the tool's
+ * schema 422 naming them, otherwise whatever the endpoint answers.
+ * Shared by `POST /api/v2/tools/{name}` and the MCP server.
+ */
 export async function runTool(app: App, from: FastifyRequest, name: string, args: unknown, options: { idempotencyKey?: string } = {}): Promise<EndpointResponse> {
   const tool = findTool(name);
   if (!tool) return { statusCode: 404, body: errorBody(404, 'not_found', `No tool named "${name}"`), headers: {} };

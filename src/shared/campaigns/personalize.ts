@@ -8,9 +8,10 @@ import { escapeHtml } from '../html.js';
  * The markdown renderer percent-encodes braces in link targets, so `%7B%7B...%7D%7D` counts too.
  *
  * A fallback follows a `|`: `Hello {{name|there}}` renders "Hello there" for a subscriber
- * without a name (empty or unknown value). It is template text, up to 200 characters without
- * `{`, `}` or `|` (in a link target the renderer encoded: `%7B%7Bfields.city%7Cnone%7D%7D`, its
- * other %XX escapes kept as they are, right for a URL), trimmed. The pattern stays linear: the
+ * without a name (empty or unknown value). It is template text, up to 200 characters (a %XX
+ * escape counting as one) without `{`, `}`, `|` or a `%` that starts no escape (in a link
+ * target the renderer encoded: `%7B%7Bfields.city%7Cnone%7D%7D`, its other %XX escapes kept as
+ * they are, right for a URL), trimmed. The pattern stays linear: the
  * fallback's class excludes the braces and the bar, encoded or not, and its length is bounded,
  * so a failed match backtracks at most 200 steps.
  */

@@ -19,6 +19,8 @@ import { fillHtml, fillSubject, fillText, variablesOf } from './personalize.js';
 import { assertTransition } from './state.js';
 
 export const DEFAULT_TIMEZONE = 'Europe/Paris';
+// The IANA zone names this runtime knows, by their lower-cased form (a constant of the runtime).
+const ZONE_NAMES = new Map(['UTC', ...Intl.supportedValuesOf('timeZone')].map((zone) => [zone.toLowerCase(), zone]));
 export const CAMPAIGN_JOB_OPTIONS = { removeOnComplete: true, removeOnFail: true } as const;
 
 export interface CampaignFields {
@@ -254,10 +256,10 @@ async function scheduleLockedCampaign(
   if (campaign.status !== 'DRAFT') throw v400('status', `the campaign is ${campaign.status}; only a DRAFT can be sent`);
   const given = input.timezone ?? DEFAULT_TIMEZONE;
   if (!IANAZone.isValidZone(given)) throw v400('timezone', `"${given}" is not an IANA time zone (e.g. Europe/Paris)`);
-  // Stored and answered in IANA's case (`europe/paris` is Europe/Paris); the name itself as
-  // given (ICU would also swap a current name for a legacy alias: Asia/Kolkata, Asia/Calcutta).
+  // Stored and answered in IANA's case (`europe/paris` is Europe/Paris), the name itself as
+  // given: ICU's own name may be a legacy alias (Asia/Kolkata resolves to Asia/Calcutta).
   const resolved = new Intl.DateTimeFormat('en-US', { timeZone: given }).resolvedOptions().timeZone;
-  const timezone = resolved.toLowerCase() === given.toLowerCase() ? resolved : given;
+  const timezone = ZONE_NAMES.get(given.toLowerCase()) ?? (resolved.toLowerCase() === given.toLowerCase() ? resolved : given);
   const scheduledAt = input.scheduledAt == null ? now : parseScheduledAt(input.scheduledAt, timezone);
   if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');

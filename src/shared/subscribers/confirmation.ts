@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { LinkSigner } from '../crypto.js';
+import { inlineStyles, layout } from '../emails/render.js';
 import { escapeHtml } from '../html.js';
 import { lockConfirmationTarget, markConfirmed, selectConfirmationTarget } from './queries.js';
 import { toRecord } from './rows.js';
@@ -56,16 +57,16 @@ export function buildConfirmationEmail(input: ConfirmationEmailInput): { subject
   const org = input.organization.name.replace(/[\r\n]+/g, ' ').trim();
   const url = escapeHtml(input.confirmUrl);
   const greeting = input.subscriber.name ? `Hello ${escapeHtml(input.subscriber.name)},` : 'Hello,';
-  return {
-    subject: `Confirm your subscription to ${org}`,
-    html: [
-      `<p>${greeting}</p>`,
-      `<p>Please confirm that you want to receive emails from ${escapeHtml(org)} at ${escapeHtml(input.subscriber.email)}.</p>`,
-      `<p><a href="${url}">Confirm my subscription</a></p>`,
-      `<p>Or open this link: ${url}</p>`,
-      '<p>If you did not ask for this, ignore this email: you will not be subscribed.</p>',
-    ].join('\n'),
-  };
+  const subject = `Confirm your subscription to ${org}`;
+  const body = [
+    `<p>${greeting}</p>`,
+    `<p>Please confirm that you want to receive emails from ${escapeHtml(org)} at ${escapeHtml(input.subscriber.email)}.</p>`,
+    `<p><a href="${url}">Confirm my subscription</a></p>`,
+    `<p>Or open this link: ${url}</p>`,
+    '<p>If you did not ask for this, ignore this email: you will not be subscribed.</p>',
+  ].join('\n');
+  // The layout and inlined styles of every rendered email (as its Markdown got them).
+  return { subject, html: layout(inlineStyles(body), subject, null) };
 }
 
 export type ConfirmOutcome = 'confirmed' | 'already_confirmed' | 'not_pending';

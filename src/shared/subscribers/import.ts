@@ -15,17 +15,17 @@ import { insertTagPairs, upsertImported } from './queries.js';
 
 export const RESERVED_COLUMNS = ['email', 'name', 'phone', 'tags'] as const;
 
+/** A first line the import cannot take (thrown by the parser's header callback, importCsvOptions). */
+export class CsvHeaderError extends Error {
+  override name = 'CsvHeaderError';
+}
+
 /**
  * How an import file is read, by the CLI (streamed) and the dashboard (an upload) alike
  * (csv-parse options): header names trimmed and lower-cased, a byte-order mark and empty
  * lines ignored, cells trimmed, rows of any length, and each record with its own line number
  * (`info`: the parser reads ahead, so its running counters name a later line).
  */
-/** A first line the import cannot take (thrown by the parser's header callback, importCsvOptions). */
-export class CsvHeaderError extends Error {
-  override name = 'CsvHeaderError';
-}
-
 export function importCsvOptions(columns: (names: string[]) => string[] = (names) => names) {
   return {
     bom: true,

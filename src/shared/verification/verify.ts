@@ -160,9 +160,7 @@ function routingIssues(domain: string, routing: RoutingLookup): Issue[] {
     case 'null_mx':
       return [issue('invalid_domain', `${domain} publishes a null MX (RFC 7505): it accepts no mail`)];
     case 'no_route':
-      return [issue('invalid_domain', `${domain} has no mail destination (no MX, A or AAAA record)`)];
-    case 'mx_unresolved':
-      return [issue('invalid_domain', `${domain} has no mail destination (none of its MX hosts has an address)`)];
+      return [issue('invalid_domain', `${domain} has no mail destination (${routing.unresolvedMx ? 'none of its MX hosts has an address' : 'no MX, A or AAAA record'})`)];
     case 'temporary':
       return [issue('mailbox_unknown', `The mail routing of ${domain} could not be resolved right now`)];
     default:
