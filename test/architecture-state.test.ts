@@ -34,6 +34,7 @@ const IMMUTABLE: Record<string, string> = {
   'src/shared/submission/message.ts:REPLACED_HEADERS': 'a fixed list',
   'src/api/dashboard/index.ts:PUBLIC_PATHS': 'a fixed list',
   'src/api/routes/campaigns.ts:KNOWN': 'the keys of a schema',
+  'src/shared/campaigns/service.ts:ZONE_NAMES': "the runtime's zone names by lower-cased name, made at load",
   // Memos of pure transforms: the same input gives the same output whatever the app or its
   // configuration, so sharing them across a process is harmless.
   'src/shared/db/sql.ts:numbered': 'the same memo, where the data-access helper moves it',
