@@ -34,6 +34,11 @@ describe('validation messages a person understands', () => {
     const limit = await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?limit=abc', headers: bearer(token) });
     expect(limit.statusCode).toBe(422);
     expect(limit.json().message).toBe('limit: must be a number, got text that is not a number');
+    // A parameter given twice is said to be given twice.
+    const twice = await ctx.app.inject({ method: 'GET', url: '/api/v2/tokens?limit=1&limit=2', headers: bearer(token) });
+    expect(twice.statusCode).toBe(422);
+    expect(twice.json().message).toBe('limit: is given more than once');
+    expect((await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?after=a&after=b', headers: bearer(token) })).json().message).toBe('after: is given more than once');
     // A number no field can hold is not called "a number" either.
     const infinite = await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?limit=Infinity', headers: bearer(token) });
     expect(infinite.json().message).toBe('limit: must be a number, got a number out of range');

@@ -8,7 +8,7 @@ import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
 import { dashboard } from './dashboard/index.js';
 import { finishOpenApi } from './openapi.js';
-import { installValidationMessages, strictBody } from './validation.js';
+import { installValidationMessages, singleValuedQuery, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook } from './plugins/auth.js';
 import { frameworkError, registerErrorHandling } from './plugins/errors.js';
@@ -55,9 +55,12 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   // Unknown body fields are refused, and zod's messages are written for a person (validation.ts).
   installValidationMessages();
   // Only the API's own bodies: the provider webhooks and the dashboard's forms take what others send.
-  app.setValidatorCompiler<z.ZodType>((route) =>
-    validatorCompiler(route.httpPart === 'body' && route.url.startsWith('/api/v2/') ? { ...route, schema: strictBody(route.schema) as z.ZodType } : route),
-  );
+  app.setValidatorCompiler<z.ZodType>((route) => {
+    if (!route.url.startsWith('/api/v2/')) return validatorCompiler(route);
+    if (route.httpPart === 'body') return validatorCompiler({ ...route, schema: strictBody(route.schema) as z.ZodType });
+    if (route.httpPart === 'querystring') return validatorCompiler({ ...route, schema: singleValuedQuery(route.schema) as z.ZodType });
+    return validatorCompiler(route);
+  });
   app.setSerializerCompiler(serializerCompiler);
   // Only JSON bodies are accepted anywhere: anything else is 415 (docs/foundation.md "Errors").
   app.removeContentTypeParser(['text/plain']);

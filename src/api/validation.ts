@@ -19,6 +19,29 @@ export function strictBody(schema: unknown): unknown {
   return schema;
 }
 
+/** Whether a field takes a list (a repeated query parameter is its list), optional or not. */
+function takesList(field: z.ZodType): boolean {
+  let current: unknown = field;
+  while (current instanceof z.ZodOptional || current instanceof z.ZodNullable || current instanceof z.ZodDefault) current = current.def.innerType;
+  return current instanceof z.ZodArray;
+}
+
+/**
+ * A query schema whose single-valued parameters refuse a repetition (`?limit=1&limit=2`) as
+ * such ("is given more than once"), rather than as the number or text the repetition is not.
+ */
+export function singleValuedQuery(schema: unknown): unknown {
+  if (!(schema instanceof z.ZodObject)) return schema;
+  const once = (field: z.ZodType) =>
+    z.preprocess((value, ctx) => {
+      if (!Array.isArray(value)) return value;
+      ctx.addIssue({ code: 'custom', message: 'is given more than once' });
+      return z.NEVER;
+    }, field);
+  const shape = schema.shape as Record<string, z.ZodType>;
+  return schema.safeExtend(Object.fromEntries(Object.entries(shape).filter(([, field]) => !takesList(field)).map(([name, field]) => [name, once(field)])));
+}
+
 function kind(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return `a list of ${value.length}`;
