@@ -1,4 +1,7 @@
+import { createServer, type AddressInfo } from 'node:net';
 import pg from 'pg';
+import { initOrm } from '../src/shared/db/orm.js';
+import { isDependencyDown } from '../src/shared/dependency-errors.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { acceptRequests } from '../src/shared/emails/accept.js';
 import { EmailWriter, requestHash } from '../src/shared/emails/service.js';
@@ -221,5 +224,32 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     const rows = await rowsTo(to);
     expect(rows.map((r) => r.id)).toEqual(a.json().data.map((d: { id: string }) => d.id));
     expect(rows.map((r) => r.subject)).toEqual(['one', 'two']);
+  });
+});
+
+describe('a group written while PostgreSQL is unreachable', () => {
+  it('fails every request at once with the outage, not one more connection attempt per request', async () => {
+    // A "PostgreSQL" that takes each connection and drops it: counted.
+    let connections = 0;
+    const server = createServer((socket) => {
+      connections++;
+      socket.destroy();
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const url = new URL(ctx.env.config.databaseUrl);
+    url.hostname = '127.0.0.1';
+    url.port = String((server.address() as AddressInfo).port);
+    const down = await initOrm({ databaseUrl: url.toString(), poolSize: 1 });
+    try {
+      const input: NewEmail = { organizationId, from: base.from, to: 'down@example.com', subject: 'down', contentKind: 'html', content: base.html };
+      const requests = Array.from({ length: 5 }, () => ({ emails: [input] }));
+      const results = await acceptRequests(down.em.fork(), requests);
+      expect(results.every((r) => 'error' in r && isDependencyDown(r.error))).toBe(true);
+      // The group's attempt (and the pool's own retries of it), not five more.
+      expect(connections).toBeLessThan(requests.length);
+    } finally {
+      await down.close(true);
+      server.close();
+    }
   });
 });

@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import { isDependencyDown } from '../dependency-errors.js';
 import { ConflictError } from '../errors.js';
 import { newId } from '../ids.js';
 import type { Sql } from '../db/sql.js';
@@ -106,9 +107,14 @@ async function writeOrSplit(em: EntityManager, requests: AcceptRequest[]): Promi
   try {
     return await write(em, requests);
   } catch (error) {
-    if (requests.length === 1) return [{ error: mapError(error) }];
+    // PostgreSQL unreachable fails every request alike: one answer (503) for all, not one
+    // more connection attempt (3 s each) per request of the group.
+    if (requests.length === 1 || isDependencyDown(error)) return requests.map(() => ({ error: mapError(error) }));
+    // The unkeyed requests together (unless they are the whole group that failed: then one
+    // by one), each keyed one alone.
     const unkeyed = requests.flatMap((r, i) => (r.idempotency ? [] : [i]));
-    const parts = [...(unkeyed.length > 0 && unkeyed.length < requests.length ? [unkeyed] : unkeyed.map((i) => [i])), ...requests.flatMap((r, i) => (r.idempotency ? [[i]] : []))];
+    const keyed = requests.flatMap((r, i) => (r.idempotency ? [[i]] : []));
+    const parts = keyed.length === 0 ? unkeyed.map((i) => [i]) : [...(unkeyed.length > 0 ? [unkeyed] : []), ...keyed];
     const results = new Array<AcceptResult>(requests.length);
     for (const part of parts) {
       const answers = await writeOrSplit(em, part.map((i) => requests[i]!));
