@@ -11,12 +11,15 @@ export class StartupError extends Error {
   override name = 'StartupError';
 }
 
+/** An I/O error as a message says it: its code (ENOENT, EACCES, ...), else its text. */
+const reasonOf = (error: unknown) => (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+
 /** A file a setting names (a TLS key or certificate), read at start-up. */
 export async function readSettingFile(file: string, variable: string): Promise<Buffer> {
   try {
     return await readFile(file);
   } catch (error) {
-    throw new StartupError(`${variable}: cannot read ${file} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message})`);
+    throw new StartupError(`${variable}: cannot read ${file} (${reasonOf(error)})`);
   }
 }
 
@@ -26,7 +29,7 @@ export async function ensureWritableDirectory(directory: string, variable: strin
     await mkdir(directory, { recursive: true });
     await access(directory, constants.W_OK);
   } catch (error) {
-    throw new StartupError(`${variable}: cannot create or write the directory ${directory} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message})`);
+    throw new StartupError(`${variable}: cannot create or write the directory ${directory} (${reasonOf(error)})`);
   }
 }
 
