@@ -228,6 +228,9 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
         ['src/api/server.ts', { PORT: String(port) }, new RegExp(`^mailroom: PORT: 127\\.0\\.0\\.1:${port} is already in use`)],
         ['src/inbound/main.ts', { INBOUND_SMTP_PORT: String(port) }, /^mailroom: INBOUND_SMTP_PORT: .* is already in use/],
         ['src/inbound/main.ts', { INBOUND_SMTP_PORT: '0', INBOUND_TLS_KEY: '/nonexistent/key.pem', INBOUND_TLS_CERT: '/nonexistent/cert.pem' }, /^mailroom: INBOUND_TLS_KEY: cannot read \/nonexistent\/key\.pem \(ENOENT\)/],
+        ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: String(port) }, /^mailroom: SMTP_SUBMISSION_PORT: .* is already in use/],
+        ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', SMTP_TLS_CERT_FILE: '/nonexistent/cert.pem', SMTP_TLS_KEY_FILE: '/nonexistent/key.pem' }, /^mailroom: SMTP_TLS_CERT_FILE: cannot read/],
+        ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', WORKER_METRICS_PORT: String(port) }, /^mailroom: WORKER_METRICS_PORT: .* is already in use/],
       ];
       for (const [entry, env, message] of cases) {
         const proc = runService(entry, [], { ...ctx.env.env, ...env });

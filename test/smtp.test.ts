@@ -372,7 +372,10 @@ describe('bad input gets its reply and stores nothing', () => {
     // A From of the organization's, but sent "by" or resent from another domain: refused too.
     expect(await submit('From: app@acme.test\r\nSender: ceo@elsewhere.test\r\nTo: r@example.com\r\nSubject: by\r\n\r\nhello')).toMatch(/^550 5\.7\.1 Sender: .*elsewhere\.test/);
     expect(await submit('From: app@acme.test\r\nResent-From: Boss <boss@elsewhere.test>\r\nTo: r@example.com\r\nSubject: resent\r\n\r\nhello')).toMatch(/^550 5\.7\.1 Resent-From: .*elsewhere\.test/);
+    expect(await submit('From: app@acme.test\r\nResent-Sender: x@elsewhere.test\r\nTo: r@example.com\r\nSubject: resent\r\n\r\nhello')).toMatch(/^550 5\.7\.1 Resent-Sender: .*elsewhere\.test/);
     expect(await counts()).toEqual(before);
+    // The organization's own domain in them is sent as any message is.
+    expect(await submit('From: app@acme.test\r\nSender: ops@acme.test\r\nResent-Sender: x@ACME.test\r\nTo: r@example.com\r\nSubject: own\r\n\r\nhello')).toMatch(/^250 /);
   });
 
   it('malformed messages: no From, two From addresses, a line over 998 characters, bad tags', async () => {
@@ -481,6 +484,25 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
       proc.kill();
     }
     // Starting a TypeScript process takes long on a loaded machine.
+  }, 60_000);
+
+  it('the inbound role serves its health and its refused-recipient count on WORKER_METRICS_PORT', async () => {
+    const metricsPort = await freePort();
+    const proc = runService('src/inbound/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info', INBOUND_SMTP_PORT: '0', WORKER_METRICS_PORT: String(metricsPort) }, { via: 'tsx' });
+    try {
+      const match = await proc.waitFor(/inbound SMTP listening on 127\.0\.0\.1:(\d+)/, 40_000);
+      await proc.waitFor(/metrics listening/, 10_000);
+      const dialog = await openDialog(Number(match[1]));
+      await dialog.send('EHLO client.test');
+      await dialog.send('MAIL FROM:<>');
+      expect(await dialog.send('RCPT TO:<nobody@nowhere.test>')).toMatch(/^550 /);
+      dialog.close();
+      expect((await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).status).toBe(200);
+      expect((await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status).toBe(200);
+      expect(await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text()).toMatch(/^mailroom_inbound_reports_total\{outcome="refused"\} 1$/m);
+    } finally {
+      proc.kill();
+    }
   }, 60_000);
 });
 

@@ -72,4 +72,28 @@ describe.concurrent('subscribers import: what a person sees when a file is not r
     expect(result.stderr).toMatch(/latin1\.csv is not UTF-8 \(near line 2\).*nothing was imported/);
     expect(await count(other)).toBe(0);
   });
+
+  it('names the right line when a character straddles two read chunks, and refuses UTF-16BE as not UTF-8', async () => {
+    const other = (await createOrg(ctx.services, { name: 'Chunks' })).organizationId;
+    const rows = ['email,name'];
+    for (let i = 0; rows.join('\n').length < 60_000; i++) rows.push(`u${i}@example.com,x`);
+    let text = `${rows.join('\n')}\n`;
+    // The é's first byte is the first chunk's last byte (64 KiB chunks); the bad byte comes later.
+    const pad = 65_535 - Buffer.byteLength(text) - 'p@example.com,'.length;
+    text += `p@example.com,${'a'.repeat(pad)}é\nq@example.com,ok\n`;
+    const lineOfBad = text.split('\n').length;
+    const file = join(dir, 'chunks.csv');
+    await writeFile(file, Buffer.concat([Buffer.from(text), Buffer.from('r@example.com,'), Buffer.from([0xff]), Buffer.from('\n')]));
+    expect(Buffer.from(text).indexOf(Buffer.from('é'))).toBe(65_535);
+    const result = await runCli(['subscribers', 'import', file, '--org', other, '--json'], ctx.env.env);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toContain(`is not UTF-8 (near line ${lineOfBad})`);
+
+    const be = join(dir, 'utf16be.csv');
+    await writeFile(be, Buffer.concat([Buffer.from([0xfe, 0xff]), Buffer.from('\u0000e\u0000m\u0000a\u0000i\u0000l', 'latin1')]));
+    const refused = await runCli(['subscribers', 'import', be, '--org', other, '--json'], ctx.env.env);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/utf16be\.csv is not UTF-8 \(near line 1\)/);
+    expect(await count(other)).toBe(0);
+  });
 });

@@ -90,6 +90,9 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     } catch (error) {
       throw utf8.problem() ?? brokenFile(file, error);
     }
+    // Bytes that are not UTF-8 explain a header the parser misread: said first.
+    const notUtf8Yet = utf8.problem();
+    if (notUtf8Yet) throw notUtf8Yet;
     if (missingEmail || !sawHeader) {
       throw new AppError(422, 'invalid_csv', `${file} ${sawHeader ? 'has no email column' : 'is empty'} (its first line must name the columns); nothing was imported`);
     }
@@ -165,7 +168,11 @@ function utf8Check(file: string) {
   let found: AppError | undefined;
   const refuse = (chunk?: Buffer) => {
     // The text before the first bad byte, read leniently, says which line it is on.
-    const text = chunk ? new TextDecoder('utf-8').decode(chunk) : '';
+    // A chunk may start inside a character the previous one began (valid, checked already):
+    // its continuation bytes are skipped, not counted as the bad byte at the chunk's start.
+    let start = 0;
+    while (chunk && start < 3 && start < chunk.length && (chunk[start]! & 0xc0) === 0x80) start++;
+    const text = chunk ? new TextDecoder('utf-8').decode(chunk.subarray(start)) : '';
     const bad = text.indexOf('\uFFFD');
     if (bad > 0) line += text.slice(0, bad).split('\n').length - 1;
     found = new AppError(422, 'invalid_csv', `${file} is not UTF-8 (near line ${line}): save it as UTF-8 and import it again; nothing was imported`);
@@ -175,7 +182,9 @@ function utf8Check(file: string) {
       if (found || utf16) return;
       if (!started) {
         started = true;
-        utf16 = chunk.length >= 2 && ((chunk[0] === 0xff && chunk[1] === 0xfe) || (chunk[0] === 0xfe && chunk[1] === 0xff));
+        // UTF-16LE with its byte-order mark: the one UTF-16 the CSV parser reads (not BE,
+        // whose FE FF is no UTF-8 and is refused as such below).
+        utf16 = chunk.length >= 2 && chunk[0] === 0xff && chunk[1] === 0xfe;
         if (utf16) return;
       }
       try {

@@ -1,7 +1,7 @@
 import { pathToFileURL } from 'node:url';
 import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices } from '../shared/container.js';
-import { startMetricsServer } from '../workers/metrics-server.js';
+import { startConfiguredMetricsServer } from '../workers/metrics-server.js';
 import { startInbound } from './server.js';
 
 // `npm run start:inbound` (Procfile `inbound`): the SMTP listener for bounces and complaints
@@ -14,8 +14,7 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const inbound = await startInbound(services);
   logger.info(`inbound SMTP listening on ${inbound.host}:${inbound.port}`);
   // /healthz, /readyz and this process's metrics (its refused recipients), as a worker serves them.
-  const metrics = config.workerMetricsPort === undefined ? undefined : await startMetricsServer(services, config.workerMetricsPort, () => false);
-  if (metrics) logger.info({ port: metrics.port }, 'metrics listening');
+  const metrics = await startConfiguredMetricsServer(services, () => false);
   shutdown.onStop(async () => {
     await inbound.close();
     await metrics?.close();

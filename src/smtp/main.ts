@@ -1,7 +1,7 @@
 import { pathToFileURL } from 'node:url';
 import { bootConfig, handleShutdown } from '../shared/boot.js';
 import { closeServices, createServices } from '../shared/container.js';
-import { startMetricsServer } from '../workers/metrics-server.js';
+import { startConfiguredMetricsServer } from '../workers/metrics-server.js';
 import { startSubmission } from './server.js';
 
 // `npm run start:smtp` (Procfile `smtp`): the SMTP submission listener alone. Any number
@@ -13,8 +13,7 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const listener = await startSubmission(services);
   logger.info({ port: listener.port, tlsPort: listener.tlsPort }, `SMTP submission listening on ${config.smtpSubmission.host}:${listener.port}`);
   // /healthz, /readyz and this process's metrics (the emails it accepted), as a worker serves them.
-  const metrics = config.workerMetricsPort === undefined ? undefined : await startMetricsServer(services, config.workerMetricsPort, () => false);
-  if (metrics) logger.info({ port: metrics.port }, 'metrics listening');
+  const metrics = await startConfiguredMetricsServer(services, () => false);
   shutdown.onStop(async () => {
     await listener.close();
     await metrics?.close();

@@ -2,6 +2,7 @@ import type { AddressInfo } from 'node:net';
 import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMTPServerSession } from 'smtp-server';
 import { callerForSecret } from '../api/plugins/auth.js';
 import type { Services } from '../shared/container.js';
+import { addressDomain } from '../shared/domains/hostname.js';
 import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
 import { asciiAddress, isAddress } from '../shared/emails/addresses.js';
 import { readSubmittedMessage } from '../shared/submission/message.js';
@@ -167,10 +168,11 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (problem) throw replies.notAllowed(`From: ${problem}`);
           // Who else the message says sends it (Sender, Resent-From): the same policy, or the
           // organization's DKIM key would sign mail "sent by" a domain it does not own.
-          // Each domain once (a folded Resent-From may list thousands of addresses).
-          const seen = new Set<string>();
+          // Each domain once, From's already checked (a folded Resent-From may list thousands
+          // of addresses), normalized as the policy normalizes it.
+          const seen = new Set<string>([addressDomain(message.from) ?? message.from]);
           for (const { header, address } of message.sentBy) {
-            const domain = address.slice(address.lastIndexOf('@') + 1).toLowerCase();
+            const domain = addressDomain(address) ?? address;
             if (seen.has(domain)) continue;
             seen.add(domain);
             const refused = await sendingPolicyProblem(em, services.config, caller.organizationId, address);

@@ -5,7 +5,7 @@ import { keepPlannerStatistics } from '../shared/db/planner-statistics.js';
 import { createRedis } from '../shared/redis.js';
 import { ensureWritableDirectory } from '../shared/startup.js';
 import { processors } from './index.js';
-import { startMetricsServer, type MetricsServer } from './metrics-server.js';
+import { startConfiguredMetricsServer, type MetricsServer } from './metrics-server.js';
 import { startWorkers, type RunningWorkers } from './runner.js';
 
 export async function startWorkerProcess(
@@ -16,9 +16,7 @@ export async function startWorkerProcess(
   // Health and metrics first: while Redis is unreachable the workers wait for it, and
   // meanwhile /healthz answers (the process is alive) and /readyz says why it is not ready.
   let running: RunningWorkers | undefined;
-  const port = services.config.workerMetricsPort;
-  const metricsServer = port === undefined ? undefined : await startMetricsServer(services, port, () => running?.paused ?? true);
-  if (metricsServer) services.logger.info({ port: metricsServer.port }, 'worker metrics listening');
+  const metricsServer = await startConfiguredMetricsServer(services, () => running?.paused ?? true);
   const connection = createRedis(services.config.redisUrl, 'worker');
   connection.on('error', (error) => services.logger.debug({ err: error }, 'worker redis error'));
   try {

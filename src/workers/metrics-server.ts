@@ -65,3 +65,15 @@ export async function startMetricsServer(services: Services, port: number, isPau
       }),
   };
 }
+
+/**
+ * The server of a process that is not the API (worker, inbound, smtp) when
+ * `WORKER_METRICS_PORT` is set, its port logged; undefined otherwise.
+ */
+export async function startConfiguredMetricsServer(services: Services, isPaused: () => boolean): Promise<MetricsServer | undefined> {
+  const port = services.config.workerMetricsPort;
+  if (port === undefined) return undefined;
+  const server = await startMetricsServer(services, port, isPaused);
+  services.logger.info({ port: server.port }, 'metrics listening');
+  return server;
+}
