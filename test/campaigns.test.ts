@@ -196,6 +196,13 @@ describe('recipient filters and recipientCount (docs/campaigns.md "Recipient fil
     const after = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
     expect(after.recipientFilters).toEqual([{ type: 'tag', op: 'not_has', value: 'Gold' }, { type: 'field', name: 'plan', op: 'not_exists' }]);
     expect(after.recipientCount).toBe(1);
+    // Two renames at once: the filters follow the name the tag ends with.
+    for (let round = 0; round < 5; round++) {
+      const tag = (await api('GET', '/tags', undefined, o.token)).json().data.find((t: { name: string }) => /^gold|^silver|^bronze/i.test(t.name));
+      await Promise.all([api('PATCH', `/tags/${tag.id}`, { name: `Silver${round}` }, o.token), api('PATCH', `/tags/${tag.id}`, { name: `Bronze${round}` }, o.token)]);
+      const final = (await api('GET', `/tags/${tag.id}`, undefined, o.token)).json().name;
+      expect((await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json().recipientFilters[0].value, `round ${round}`).toBe(final);
+    }
   });
 });
 

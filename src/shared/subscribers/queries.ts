@@ -234,8 +234,19 @@ export async function insertTag(em: Execute, tag: { id: string; organizationId: 
   return inserted[0];
 }
 
-export async function updateTagName(em: Execute, id: string, name: string, now: Date): Promise<TagRef | undefined> {
-  return (await rows<TagRef>(em, 'update tags set name = ?, updated_at = ? where id = ? returning id, name', [name, now, id]))[0];
+/**
+ * Renames a tag; returns it with the name it had, read under the row lock of this update (a
+ * concurrent rename has committed by then): what the campaigns' filters still name.
+ */
+export async function updateTagName(em: Execute, id: string, name: string, now: Date): Promise<(TagRef & { previous: string }) | undefined> {
+  return (
+    await rows<TagRef & { previous: string }>(
+      em,
+      `update tags t set name = ?, updated_at = ? from (select id, name from tags where id = ? for update) old
+        where t.id = old.id returning t.id, t.name, old.name as previous`,
+      [name, now, id],
+    )
+  )[0];
 }
 
 // ---------------------------------------------------------------- import

@@ -41,9 +41,10 @@ export async function renameTag(em: EntityManager, organizationId: string, ref: 
       const updated = await q.updateTagName(tx, tag.id, name, now);
       if (!updated) throw new NotFoundError(`No tag ${ref}`);
       // Campaigns filter by a tag's name: theirs follow it, or a rename would retarget them
-      // (a scheduled "not_has vip" would mail the VIPs it excluded).
-      if (tag.name !== name) await renameTagInFilters(tx, organizationId, tag.name, name);
-      return updated;
+      // (a scheduled "not_has vip" would mail the VIPs it excluded). From the name read under
+      // the lock: two renames at once each move the filters from the name the other left.
+      if (updated.previous !== name) await renameTagInFilters(tx, organizationId, updated.previous, name);
+      return { id: updated.id, name: updated.name };
     });
   } catch (error) {
     if ((error as { code?: string }).code === '23505' || (error as { name?: string }).name === 'UniqueConstraintViolationException') {
