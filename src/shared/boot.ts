@@ -21,12 +21,6 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
     throw error;
   }
   limitHeapGrowth(config.heapGrowingPercent);
-  // A start-up problem that names its setting (a port in use, a file that cannot be read) is
-  // told in one line, as a configuration error is; anything else as node tells it.
-  process.on('uncaughtException', (error) => {
-    process.stderr.write(error instanceof StartupError ? `mailroom: ${error.message}\n` : `${inspect(error)}\n`);
-    process.exit(1);
-  });
   const logger = createLogger({ level: config.logLevel, name });
   if (warning) logger.warn(warning);
   return { config, logger };
@@ -55,7 +49,22 @@ export interface Shutdown {
 }
 
 /**
- * Installs the SIGINT and SIGTERM handlers at once, before start-up: a signal that comes
+ * A start-up problem that names its setting (a port in use, a file that cannot be read) is
+ * told in one line, as a configuration error is; any other uncaught error as node tells it.
+ * Installed once, by a process's entry point (handleShutdown): never in a library or a test.
+ */
+function exitOnStartupError(): void {
+  if (process.listeners('uncaughtException').includes(exitOnUncaught)) return;
+  process.on('uncaughtException', exitOnUncaught);
+}
+
+function exitOnUncaught(error: Error): void {
+  process.stderr.write(error instanceof StartupError ? `mailroom: ${error.message}\n` : `${inspect(error)}\n`);
+  process.exit(1);
+}
+
+/**
+ * Installs the SIGINT and SIGTERM handlers (and the start-up error exit) at once, before start-up: a signal that comes
  * while the process is still starting (connecting, migrating) is remembered, and the process
  * stops gracefully as soon as it has started, instead of dying of the signal. `stop` runs
  * once, then the process exits 0 (1 if `stop` fails). A second signal exits at once, and so
@@ -64,6 +73,7 @@ export interface Shutdown {
  * which the reconcilers recover (docs/operations.md "Killing a process").
  */
 export function handleShutdown(logger: Logger, options: { deadlineMs?: number } = {}): Shutdown {
+  exitOnStartupError();
   const deadlineMs = options.deadlineMs ?? SHUTDOWN_DEADLINE_MS;
   let stopping = false;
   let requested: NodeJS.Signals | undefined;
