@@ -179,8 +179,6 @@ export async function domainsRoutes(app: App): Promise<void> {
     },
     async (request) => {
       const domain = await deleteDomain(request.em, request.caller.organizationId, request.params.domain);
-      // This process signs with the domain's key no more; the others within the cache's minute (docs/domains.md).
-      app.services.dkimKeys.clear();
       return { object: 'domain' as const, id: domain.id, deleted: true as const };
     },
   );
