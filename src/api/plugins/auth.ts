@@ -1,8 +1,8 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../../shared/container.js';
-import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
-import { AppError, AuthenticationError, PermissionError } from '../../shared/errors.js';
+import { limitExceeded, limitHeaders, type WindowRateLimiter } from '../../shared/rate-limits/window.js';
+import { AuthenticationError, PermissionError } from '../../shared/errors.js';
 import { holds } from '../../shared/tokens/permissions.js';
 import { findTokenBySecret, type Caller } from '../../shared/tokens/service.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
@@ -39,24 +39,10 @@ export async function authenticate(services: Services, cache: TokenCache, reques
   return caller;
 }
 
-type LimitDecision = Awaited<ReturnType<WindowRateLimiter['take']>>;
-
-function setLimitHeaders(reply: FastifyReply, decision: LimitDecision): void {
-  void reply.header('RateLimit-Limit', String(decision.limit));
-  void reply.header('RateLimit-Remaining', String(decision.remaining));
-  void reply.header('RateLimit-Reset', String(decision.resetSeconds));
-}
-
-/** The 429 of a limit that refused the request: Retry-After, and its message naming whose limit. */
-function refuse(reply: FastifyReply, decision: LimitDecision, whose: string): AppError {
-  void reply.header('Retry-After', String(decision.resetSeconds));
-  return new AppError(429, 'rate_limit_exceeded', `More than ${decision.limit} requests a second ${whose}; retry after ${decision.resetSeconds} s`);
-}
-
 export async function rateLimit(limiter: WindowRateLimiter, caller: Caller, reply: FastifyReply): Promise<void> {
   const decision = await limiter.take(caller.tokenId);
-  setLimitHeaders(reply, decision);
-  if (!decision.allowed) throw refuse(reply, decision, 'with this token');
+  void reply.headers(limitHeaders(decision));
+  if (!decision.allowed) throw limitExceeded(decision, `More than ${decision.limit} requests a second with this token; retry after ${decision.resetSeconds} s`);
 }
 
 /**
@@ -66,19 +52,17 @@ export async function rateLimit(limiter: WindowRateLimiter, caller: Caller, repl
  * too; the first v2 request they dispatch is not counted again, every further one is
  * (organizationLimitPaid).
  */
-export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, caller: Caller, reply: FastifyReply): Promise<void> {
+export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, caller: Caller): Promise<void> {
   const decision = await services.orgLimiter.take(caller.organizationId);
-  if (decision.allowed) return;
-  // Refused by this limit: the RateLimit-* headers are the organization's (the binding one).
-  setLimitHeaders(reply, decision);
-  throw refuse(reply, decision, 'for this organization');
+  // Refused by this limit: the answer's RateLimit-* headers are the organization's (the binding one).
+  if (!decision.allowed) throw limitExceeded(decision, `More than ${decision.limit} requests a second for this organization; retry after ${decision.resetSeconds} s`);
 }
 
 /** onRequest hook of every authenticated scope: token, then rate limits, then permission. */
 export function authHook(services: Services, cache: TokenCache, limiter: WindowRateLimiter) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     request.caller = await authenticate(services, cache, request);
-    if (!organizationLimitPaid(request)) await limitOrganization(services, request.caller, reply);
+    if (!organizationLimitPaid(request)) await limitOrganization(services, request.caller);
     await rateLimit(limiter, request.caller, reply);
     assertRoutePermission(request);
   };

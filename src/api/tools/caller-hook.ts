@@ -18,7 +18,7 @@ export function callerHook(services: Services, cache: TokenCache, limiter: Windo
     // No route matched: the scope's own 404, with or without a token (routing comes before authentication).
     if (request.is404) return;
     request.caller = await authenticate(services, cache, request);
-    await limitOrganization(services, request.caller, reply);
+    await limitOrganization(services, request.caller);
     if (options.counted) await rateLimit(limiter, request.caller, reply);
     // A route of these layers that validates its own input names its v2 twin's permission:
     // checked before that validation, as v2 does (the twin would check it too, but after).

@@ -2,7 +2,8 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import type { Redis } from 'ioredis';
 import type { Config } from '../config.js';
 import { Domain } from '../db/entities/domain.js';
-import { AppError, ValidationError } from '../errors.js';
+import { ValidationError } from '../errors.js';
+import { limitExceeded } from '../rate-limits/window.js';
 import { addressDomain, normalizeHostname } from './hostname.js';
 
 /**
@@ -68,8 +69,7 @@ export async function takeTestSend(redis: Redis, config: Pick<Config, 'redisPref
   const count = Number(result?.[0]?.[1] ?? 0);
   if (count > config.testSendsPerHour) {
     const retryAfter = Math.max(1, Math.ceil(((hour + 1) * 3_600_000 - now.getTime()) / 1000));
-    // The headers of this limit, not the per-second API limit's the request passed.
-    const headers = { 'retry-after': String(retryAfter), 'ratelimit-limit': String(config.testSendsPerHour), 'ratelimit-remaining': '0', 'ratelimit-reset': String(retryAfter) };
-    throw new AppError(429, 'rate_limit_exceeded', `At most ${config.testSendsPerHour} test emails an hour per organization; retry after ${retryAfter} s`, undefined, headers);
+    // This limit's headers, not the per-second API limit's the request passed.
+    throw limitExceeded({ limit: config.testSendsPerHour, remaining: 0, resetSeconds: retryAfter }, `At most ${config.testSendsPerHour} test emails an hour per organization; retry after ${retryAfter} s`);
   }
 }

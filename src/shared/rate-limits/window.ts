@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { AppError } from '../errors.js';
 import type { Config } from '../config.js';
 
 // A process reserves at most this share of what is left of a token's window per Redis
@@ -23,6 +24,19 @@ export interface RateDecision {
   limit: number;
   remaining: number;
   resetSeconds: number;
+}
+
+/** The `RateLimit-*` headers of a limit's decision (draft IETF RateLimit fields). */
+export function limitHeaders(decision: Omit<RateDecision, 'allowed'>): Record<string, string> {
+  return { 'ratelimit-limit': String(decision.limit), 'ratelimit-remaining': String(decision.remaining), 'ratelimit-reset': String(decision.resetSeconds) };
+}
+
+/**
+ * The 429 of a limit that refused a request: its own `RateLimit-*` headers (the binding
+ * limit's, whatever an earlier limit set) and `Retry-After`, carried by the error.
+ */
+export function limitExceeded(decision: Omit<RateDecision, 'allowed'>, message: string): AppError {
+  return new AppError(429, 'rate_limit_exceeded', message, undefined, { ...limitHeaders(decision), 'retry-after': String(decision.resetSeconds) });
 }
 
 /**
