@@ -10,7 +10,9 @@ import { v1Routes } from './v1/routes.js';
 /**
  * The layers over the v2 endpoints (docs/agents.md): the tool catalog and runner, the MCP
  * server and the frozen v1 interface. All of them answer by dispatching v2 requests, so they
- * authenticate here but leave permission, rate limit and quota to the endpoint.
+ * authenticate here but leave the rate limit and quota to the endpoint, and its permission
+ * too, but for a route of theirs that validates its own input: its config names the twin's
+ * permission, checked first (caller-hook.ts).
  */
 export async function registerAgentInterfaces(app: App, services: Services, tokenCache: TokenCache, rateLimiter: WindowRateLimiter): Promise<void> {
   await app.register(

@@ -19,13 +19,6 @@ export function strictBody(schema: unknown): unknown {
   return schema;
 }
 
-/** Whether a field takes a list (a repeated query parameter is its list), optional or not. */
-function takesList(field: z.ZodType): boolean {
-  let current: unknown = field;
-  while (current instanceof z.ZodOptional || current instanceof z.ZodNullable || current instanceof z.ZodDefault) current = current.def.innerType;
-  return current instanceof z.ZodArray;
-}
-
 /**
  * A query schema whose single-valued parameters refuse a repetition (`?limit=1&limit=2`) as
  * such ("is given more than once"), rather than as the number or text the repetition is not.
@@ -38,8 +31,9 @@ export function singleValuedQuery(schema: unknown): unknown {
       ctx.addIssue({ code: 'custom', message: 'is given more than once' });
       return z.NEVER;
     }, field);
+  // Every v2 query parameter is single-valued (none takes a list).
   const shape = schema.shape as Record<string, z.ZodType>;
-  return schema.safeExtend(Object.fromEntries(Object.entries(shape).filter(([, field]) => !takesList(field)).map(([name, field]) => [name, once(field)])));
+  return schema.safeExtend(Object.fromEntries(Object.entries(shape).map(([name, field]) => [name, once(field)])));
 }
 
 function kind(value: unknown): string {

@@ -19,7 +19,6 @@ import { formOf, noticeOf, optional, parseWith, query, sendPage, signedIn, type 
 import { csrfField, html, isoMinute, page, table, when, type PageUser } from './html.js';
 
 const PAGE_SIZE = 25;
-// Every IANA zone this Node.js knows, for the schedule form.
 // IANA's zones as the runtime knows them, and UTC (which the API takes too, but the list omits).
 const TIME_ZONES = ['UTC', ...Intl.supportedValuesOf('timeZone').filter((zone) => zone !== 'UTC')];
 const STARTER = 'Hello {{name}},\n\nWrite your message in **Markdown**.\n\n[Unsubscribe]({{unsubscribe_url}})\n';

@@ -10,6 +10,7 @@ import {
   verifyDomain,
 } from '../../shared/domains/service.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
+import { hasLineBreak } from '../../shared/emails/addresses.js';
 import type { App } from '../types.js';
 
 const Status = z.enum(['NOT_STARTED', 'PENDING', 'VERIFIED', 'FAILED']);
@@ -68,7 +69,7 @@ export const CreateSenderBody = z.object({
     .trim()
     .min(1, 'must be 1 to 100 characters')
     .max(100, 'must be 1 to 100 characters')
-    .refine((name) => !/[\r\n]/.test(name), 'must be one line (no line break)'),
+    .refine((name) => !hasLineBreak(name), 'must be one line (no line break)'),
   email: z.string().trim().max(320),
 });
 

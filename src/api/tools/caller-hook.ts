@@ -11,7 +11,9 @@ import { assertRoutePermission, authenticate, limitOrganization, rateLimit } fro
  * dispatches is counted by the endpoint itself: one tool call or one v1 call is one request.
  * Pass `counted: true` for routes of these layers that dispatch nothing (the tool list).
  * The organization's limit is counted here for every request, before anything is
- * dispatched, so a call refused by the layer itself (bad arguments) costs the same.
+ * dispatched, so a call refused by the layer itself (bad arguments) costs the same. A route
+ * that names a permission in its config (a v1 path validating its own input) is refused 403
+ * here without it, before its validation, as v2 orders them.
  */
 export function callerHook(services: Services, cache: TokenCache, limiter: WindowRateLimiter, options: { counted: boolean }) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {

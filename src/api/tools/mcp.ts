@@ -42,8 +42,12 @@ function serverFor(app: App, request: FastifyRequest, reply: FastifyReply): Serv
   server.setRequestHandler(CallToolRequestSchema, async (call): Promise<CallToolResult> => {
     const result = await runTool(app, request, call.params.name, call.params.arguments ?? {});
     // The endpoint's rate-limit headers (and a 429's Retry-After) on the HTTP answer: the
-    // last call's, as the transport writes the headers once all calls have run.
-    for (const [name, value] of Object.entries(result.headers)) if (!reply.raw.headersSent) reply.raw.setHeader(name, value);
+    // last call's, as the transport writes the headers once all calls have run (an earlier
+    // call's Retry-After goes with it).
+    if (!reply.raw.headersSent) {
+      reply.raw.removeHeader('retry-after');
+      for (const [name, value] of Object.entries(result.headers)) reply.raw.setHeader(name, value);
+    }
     const body = result.body ?? errorBody(result.statusCode, 'internal_error', 'Empty response');
     return {
       content: [{ type: 'text', text: JSON.stringify(body) }],

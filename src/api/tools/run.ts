@@ -1,13 +1,9 @@
 import type { FastifyRequest } from 'fastify';
 import { errorBody } from '../plugins/errors.js';
 import type { App } from '../types.js';
-import { holds, type Permission } from '../../shared/tokens/permissions.js';
+import { holds } from '../../shared/tokens/permissions.js';
 import { findTool, type Tool } from './catalog.js';
 import { dispatch, type EndpointRequest, type EndpointResponse } from './dispatch.js';
-
-function lacksPermission(from: FastifyRequest, permission: Permission): boolean {
-  return from.caller !== undefined && !holds(from.caller.permissions, permission);
-}
 
 /** The endpoint request of arguments that failed the tool's schema, when one can be made of them. */
 function requestFor(tool: Tool, args: unknown): EndpointRequest | undefined {
@@ -30,7 +26,7 @@ export async function runTool(app: App, from: FastifyRequest, name: string, args
   if (!parsed.success) {
     // A caller without the endpoint's permission gets the endpoint's 403 whatever the
     // arguments (spec 5.3; permission comes before validation, as on v2): the endpoint says it.
-    const refused = lacksPermission(from, tool.permission) ? requestFor(tool, args) : undefined;
+    const refused = holds(from.caller.permissions, tool.permission) ? undefined : requestFor(tool, args);
     if (refused) return dispatch(app, from, refused);
     const details = parsed.error.issues.map((issue) => ({
       path: ['arguments', ...issue.path.map(String)].join('.'),
