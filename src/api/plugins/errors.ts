@@ -128,7 +128,7 @@ export function bearerChallenge(error: AuthenticationError): string {
 }
 
 /** A 5xx is the service's problem: logged with the error (a 4xx is the caller's, and is not). */
-export function logServerError(request: FastifyRequest, error: unknown, body: ErrorBody): void {
+function logServerError(request: FastifyRequest, error: unknown, body: ErrorBody): void {
   if (body.statusCode >= 500) request.log.error({ err: error }, body.statusCode === 503 ? 'dependency unavailable' : 'request failed');
 }
 
@@ -169,13 +169,21 @@ export function frameworkError(
   void reply.code(404).header('x-request-id', request.id).send(wrap(errorBody(404, 'not_found', message)));
 }
 
-export function registerErrorHandling(app: App): void {
-  app.setErrorHandler((error, request, reply: FastifyReply) => {
+/**
+ * The one error handler of an interface: the spec's body (a 5xx logged, its headers set),
+ * wrapped as that interface answers errors (v1's envelope, MCP's JSON-RPC).
+ */
+export function errorHandler(wrap: (body: ErrorBody) => unknown = (body) => body) {
+  return (error: Error, request: FastifyRequest, reply: FastifyReply) => {
     const body = toErrorBody(error, request);
     logServerError(request, error, body);
     errorHeaders(error, body, reply);
-    return reply.code(body.statusCode).send(body);
-  });
+    return reply.code(body.statusCode).send(wrap(body));
+  };
+}
+
+export function registerErrorHandling(app: App): void {
+  app.setErrorHandler(errorHandler());
   // PostgreSQL text cannot hold U+0000 (nor jsonb an unpaired surrogate): such text anywhere in a path, query or body is refused
   // before the handler, in the spec's error shape, instead of failing deep in a query. Only
   // routes that take input get the check (after their own preValidation, so the provider

@@ -4,7 +4,7 @@ import { CallToolRequestSchema, ListToolsRequestSchema, type CallToolResult, typ
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
 import { rateLimit } from '../plugins/auth.js';
-import { errorBody, errorHeaders, logServerError, toErrorBody } from '../plugins/errors.js';
+import { errorBody, errorHandler } from '../plugins/errors.js';
 import type { App } from '../types.js';
 import { tools, type Tool } from './catalog.js';
 import { runTool } from './run.js';
@@ -77,14 +77,12 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
     // A body the HTTP layer refuses before the MCP server reads it (not JSON, not JSON's
     // content type, too large) is answered as JSON-RPC 2.0 answers it (section 5.1), with
     // the HTTP status of the REST API: an MCP client parses the error either way.
-    app.setErrorHandler((error, request, reply) => {
-      const body = toErrorBody(error, request);
-      logServerError(request, error, body);
-      errorHeaders(error, body, reply);
-      const code = body.name === 'invalid_json' ? PARSE_ERROR : body.statusCode === 413 || body.statusCode === 415 ? INVALID_REQUEST : undefined;
-      if (code === undefined) return reply.code(body.statusCode).send(body);
-      return reply.code(body.statusCode).send({ jsonrpc: '2.0', error: { code, message: body.message }, id: null });
-    });
+    app.setErrorHandler(
+      errorHandler((body) => {
+        const code = body.name === 'invalid_json' ? PARSE_ERROR : body.statusCode === 413 || body.statusCode === 415 ? INVALID_REQUEST : undefined;
+        return code === undefined ? body : { jsonrpc: '2.0', error: { code, message: body.message }, id: null };
+      }),
+    );
     // Its JSON-RPC body is read by the MCP server; tool arguments reach an endpoint, which
     // refuses U+0000 itself (as a tool error the client can read).
     app.post('/mcp', { schema: { hide: true }, config: { acceptsNul: true } }, async (request, reply) => {

@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
-import { errorBody, errorHeaders, logServerError, toErrorBody } from '../plugins/errors.js';
+import { errorBody, errorHandler } from '../plugins/errors.js';
 import { dispatch, segment, type EndpointRequest, type EndpointResponse } from '../tools/dispatch.js';
 import type { App } from '../types.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
@@ -167,12 +167,7 @@ function forwardedHeaders(request: FastifyRequest): EndpointRequest['headers'] {
 }
 
 export async function v1Routes(app: App): Promise<void> {
-  app.setErrorHandler((error, request, reply) => {
-    const body = toErrorBody(error, request);
-    logServerError(request, error, body);
-    errorHeaders(error, body, reply);
-    return reply.code(body.statusCode).send(v1Error(body));
-  });
+  app.setErrorHandler(errorHandler(v1Error));
   app.setNotFoundHandler((request, reply) =>
     reply.code(404).send(v1Error(errorBody(404, 'not_found', `No route ${request.method} ${request.url.split('?')[0]}`))),
   );
