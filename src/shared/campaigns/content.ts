@@ -1,6 +1,6 @@
 import { parseFragment, type DefaultTreeAdapterMap } from 'parse5';
 import type { CampaignContentType } from '../db/entities/campaign.js';
-import { assertContentSize, inlineStyles, layout, markdownToHtml, renderChecked } from '../emails/render.js';
+import { assertContentSize, laidOut, markdownToHtml, renderChecked } from '../emails/render.js';
 import { UNSUBSCRIBE_TARGET } from './html.js';
 import { mailyHasUnsubscribeLink, mailyProblem, mailyToHtml } from './maily.js';
 import { plateHasUnsubscribeLink, plateProblem, plateToHtml } from './plate.js';
@@ -81,7 +81,7 @@ export function renderCampaignTemplate(campaign: { contentType: CampaignContentT
   // The source is what is capped: its HTML may be longer (escaped characters, the layout).
   assertContentSize(typeof campaign.content === 'string' ? campaign.content : JSON.stringify(campaign.content ?? null));
   const body = contentBodyHtml(campaign.contentType, campaign.content);
-  const html = layout(inlineStyles(body), campaign.subject, campaign.preview);
+  const html = laidOut(body, campaign.subject, campaign.preview);
   const rendered = renderChecked({ contentKind: 'html', content: html, subject: campaign.subject });
   return { subject: campaign.subject, html: rendered.html, text: rendered.text };
 }

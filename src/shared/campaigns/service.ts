@@ -56,11 +56,12 @@ async function senderOf(em: EntityManager, organizationId: string, senderId: str
   return em.findOne(Sender, { id: senderId, organizationId });
 }
 
-async function checkSender(em: EntityManager, organizationId: string, senderId: string | null | undefined, status: 400 | 422 = 422): Promise<void> {
-  if (senderId === undefined || senderId === null) return;
-  if (!(await senderOf(em, organizationId, senderId))) {
-    throw new ValidationError(`senderId: no sender ${senderId} in this organization`, [{ path: 'senderId', message: 'unknown sender' }], status);
-  }
+/** The sender `senderId` names in the organization (null when none is named); a validation error when it names none there. */
+async function checkSender(em: EntityManager, organizationId: string, senderId: string | null | undefined, status: 400 | 422 = 422): Promise<Sender | null> {
+  if (senderId === undefined || senderId === null) return null;
+  const sender = await senderOf(em, organizationId, senderId);
+  if (!sender) throw new ValidationError(`senderId: no sender ${senderId} in this organization`, [{ path: 'senderId', message: 'unknown sender' }], status);
+  return sender;
 }
 
 function contentOrThrow(contentType: CampaignContentType, content: unknown): unknown {
@@ -263,11 +264,10 @@ async function scheduleLockedCampaign(
   const scheduledAt = input.scheduledAt == null ? now : parseScheduledAt(input.scheduledAt, timezone);
   if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
-  await checkSender(em, organizationId, campaign.senderId, 400);
-  const sender = await senderOf(em, organizationId, campaign.senderId);
+  const sender = (await checkSender(em, organizationId, campaign.senderId, 400))!;
   // Contract 12: a From the sending policy refuses is 422 on every path (the spec's 400s of a send are
   // the campaign's own: status, time, unsubscribe link).
-  await assertSendingAllowed(em, deps.config, organizationId, sender!.email, 'senderId', 422);
+  await assertSendingAllowed(em, deps.config, organizationId, sender.email, 'senderId', 422);
   if (!campaign.subject.trim()) throw v400('subject', 'the campaign has no subject');
   if (!hasUnsubscribeLink(campaign.contentType, campaign.content)) {
     throw v400('content', 'the content has no unsubscribe link: add a link whose target is {{unsubscribe_url}}');

@@ -197,5 +197,10 @@ export function renderChecked(input: RenderInput): Rendered {
   const body = input.contentKind === 'markdown' ? markdownToHtml(input.content) : tiptapToHtml(JSON.parse(input.content) as JSONContent);
   // The text comes from the bare body: the layout and styles add no text, and parsing a
   // third of the HTML is a third of the cost.
-  return { html: layout(inlineStyles(body), input.subject, input.preview), text: input.text ?? bodyToText(body) };
+  return { html: laidOut(body, input.subject, input.preview), text: input.text ?? bodyToText(body) };
+}
+
+/** A generated body as every generated email is sent: its styles inlined, in the layout. */
+export function laidOut(bodyHtml: string, subject: string, preview: string | null | undefined): string {
+  return layout(inlineStyles(bodyHtml), subject, preview);
 }

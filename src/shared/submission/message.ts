@@ -127,7 +127,10 @@ function mailboxes(value: AddressObject | AddressObject[] | undefined): EmailAdd
   const walk = (entries: EmailAddress[]) => {
     for (const entry of entries) {
       if (entry.group) walk(entry.group);
-      else if (entry.address && isAddress(asciiAddress(entry.address))) out.push({ ...entry, address: asciiAddress(entry.address) });
+      else if (entry.address) {
+        const address = asciiAddress(entry.address);
+        if (isAddress(address)) out.push({ ...entry, address });
+      }
     }
   };
   for (const object of addressObjects(value)) walk(object.value);

@@ -1,6 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { LinkSigner } from '../crypto.js';
-import { inlineStyles, layout } from '../emails/render.js';
+import { laidOut } from '../emails/render.js';
 import { escapeHtml } from '../html.js';
 import { lockConfirmationTarget, markConfirmed, selectConfirmationTarget } from './queries.js';
 import { toRecord } from './rows.js';
@@ -66,7 +66,7 @@ export function buildConfirmationEmail(input: ConfirmationEmailInput): { subject
     '<p>If you did not ask for this, ignore this email: you will not be subscribed.</p>',
   ].join('\n');
   // The layout and inlined styles of every rendered email (as its Markdown got them).
-  return { subject, html: layout(inlineStyles(body), subject, null) };
+  return { subject, html: laidOut(body, subject, null) };
 }
 
 export type ConfirmOutcome = 'confirmed' | 'already_confirmed' | 'not_pending';

@@ -19,7 +19,14 @@ export type ParsedAddress =
 const ATEXT = /^[a-z0-9!#$%&'*+/=?^_`{|}~-]+$/;
 const LABEL = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;
 
+/** Longer than any valid address (254 octets, 4 bytes a character at most): echoed and stored cut to it. */
+const MAX_INPUT = 1024;
+
+const TOO_LONG = 'the address is longer than 254 octets';
+
 export function parseAddress(input: string): ParsedAddress {
+  // Refused for its length before it is cut (the cut could hide its @), and without reading it all.
+  if (input.length > MAX_INPUT) return { ok: false, email: input.slice(0, MAX_INPUT).trim().toLowerCase(), reason: TOO_LONG, local: null, domain: null };
   const raw = input.trim().toLowerCase();
   const fail = (reason: string, local: string | null = null, domain: string | null = null): ParsedAddress => ({
     ok: false,
@@ -57,6 +64,6 @@ export function parseAddress(input: string): ParsedAddress {
   if (!labels.every((l) => LABEL.test(l))) return fail('the domain has an invalid label', local, ascii);
   if (/^\d+$/.test(labels[labels.length - 1]!)) return fail('the domain is an IP address or has a numeric top-level domain', local, ascii);
   const email = `${local}@${ascii}`;
-  if (Buffer.byteLength(email) > 254) return { ...fail('the address is longer than 254 octets', local, ascii), email };
+  if (Buffer.byteLength(email) > 254) return { ...fail(TOO_LONG, local, ascii), email };
   return { ok: true, email, local, domain: ascii, unicodeDomain: domain };
 }

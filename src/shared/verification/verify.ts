@@ -79,9 +79,6 @@ export const SCORE_DNS_UNKNOWN = 30;
 export const DNS_RETRY_MS = 5 * 60 * 1000;
 export const INTERNAL_RETRY_MS = 60 * 1000;
 
-/** Longer than any valid address (254 octets, 4 bytes a character at most). */
-const MAX_INPUT = 1024;
-
 export function monthOf(now: Date): { month: string; resetsAt: Date } {
   const y = now.getUTCFullYear();
   const m = now.getUTCMonth();
@@ -192,11 +189,7 @@ export async function verifyEmail(deps: VerificationDeps, input: { organizationI
   const now = deps.clock();
   const { month, resetsAt } = monthOf(now);
   // Echo and store at most this much of an impossible address.
-  // An address that long is already refused, for its length: said before the cut can hide it.
-  const parsed =
-    input.email.length > MAX_INPUT
-      ? { ...parseAddress(input.email.slice(0, MAX_INPUT)), ok: false as const, reason: 'the address is longer than 254 octets' }
-      : parseAddress(input.email);
+  const parsed = parseAddress(input.email);
   let local: LocalFindings;
   let failed = false;
   const issues: Issue[] = [];
