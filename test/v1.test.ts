@@ -176,6 +176,12 @@ describe('POST /api/v1/emails (send)', () => {
     const campaignsOnly = (await v2('POST', '/tokens', { name: 'campaigns only', permissions: ['campaigns'] })).json().token;
     expect((await v1('GET', '/subscribers?limit=0', undefined, campaignsOnly)).statusCode).toBe(403);
     expect((await v1('GET', '/subscribers?limit=0')).statusCode).toBe(422);
+    // Every v1 list that validates its own query names its v2 twin's permission.
+    const emailsOnly = (await v2('POST', '/tokens', { name: 'emails only', permissions: ['emails'] })).json().token;
+    for (const url of ['/subscribers?limit=0', '/subscribers/anyone@example.com/events?limit=0', '/tags?limit=0', '/campaigns?limit=0']) {
+      expect((await v1('GET', url, undefined, emailsOnly)).statusCode, url).toBe(403);
+      expect((await v1('GET', url)).statusCode, url).toBe(422);
+    }
   });
 });
 

@@ -75,13 +75,13 @@ export const V1SendBody = z.looseObject({
   // The v2 names of the translated fields: refused, not silently overwritten by the translation
   // (and the errors of the v2 fields they become name the v1 ones: inV1Fields).
   ...Object.fromEntries(
-    [...Object.keys(V1_FIELD)].map((field) => [field, z.never({ error: `is a v2 field: v1 takes ${V1_FIELD[field]}${V1_FIELD[field] === 'content' ? ' with contentType' : ''}` }).optional()]),
+    Object.keys(V1_FIELD).map((field) => [field, z.never({ error: `is a v2 field: v1 takes ${V1_FIELD[field]}${V1_FIELD[field] === 'content' ? ' with contentType' : ''}` }).optional()]),
   ),
 });
 
 const CONTENT_FIELD = { MARKDOWN: 'markdown', HTML: 'html', TIPTAP: 'tiptap' } as const;
 
-const V2_FIELD = /^(markdown|html|tiptap|reply_to)(?=[.:]|$)/;
+const V2_FIELD = new RegExp(`^(${Object.keys(V1_FIELD).join('|')})(?=[.:]|$)`);
 
 /** A v2 error about a translated field, in the v1 names the caller used (`content: …`, not `markdown: …`). */
 function inV1Fields(response: EndpointResponse, rename: (text: string) => string = (text) => text.replace(V2_FIELD, (field) => V1_FIELD[field]!)): EndpointResponse {
@@ -109,7 +109,7 @@ function asPage(body: unknown): Page {
 }
 
 /** A v2 list's error about its `after` cursor, in the name the v1 caller used: `cursor`. */
-const cursorInV1 = (response: EndpointResponse) => inV1Fields(response, (text) => text.replace(/^after(?=[.:]|$)/, 'cursor').replace(/\bafter cursor\b/, 'cursor'));
+const cursorInV1 = (response: EndpointResponse) => inV1Fields(response, (text) => text.replace(/^after(?=[.:]|$)/, 'cursor'));
 
 /**
  * v1 `page` over v2 cursors: the items before the page are skipped by walking `after`

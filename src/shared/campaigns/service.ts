@@ -119,7 +119,7 @@ export async function listCampaigns(
 ): Promise<{ items: CampaignView[]; hasMore: boolean }> {
   const limit = query.limit ?? 20;
   if (query.after !== undefined && (await em.count(Campaign, { id: query.after, organizationId })) === 0) {
-    throw new ValidationError('Unknown after cursor', [{ path: 'after', message: `no campaign ${query.after} in this organization` }]);
+    throw new ValidationError(`after: no campaign ${query.after} in this organization`, [{ path: 'after', message: `no campaign ${query.after} in this organization` }]);
   }
   const rows = await em.find(
     Campaign,

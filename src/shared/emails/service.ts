@@ -208,7 +208,7 @@ export async function listEmails(em: EntityManager, organizationId: string, quer
   const cursorField = query.after !== undefined ? 'after' : 'before';
   if (cursor !== undefined) {
     const found = await em.count(Email, { id: cursor, organizationId });
-    if (found === 0) throw new ValidationError(`Unknown ${cursorField} cursor`, [{ path: cursorField, message: `no email ${cursor} in this organization` }]);
+    if (found === 0) throw new ValidationError(`${cursorField}: no email ${cursor} in this organization`, [{ path: cursorField, message: `no email ${cursor} in this organization` }]);
   }
   const fields = { exclude: ['html', 'text', 'content'] as const };
   const filters = {

@@ -170,7 +170,7 @@ export async function listDeliveries(
   const cursor = query.after ?? query.before;
   if (cursor !== undefined && !(await hasMessage(em, endpoint.id, cursor))) {
     const field = query.after !== undefined ? 'after' : 'before';
-    throw new ValidationError(`Unknown ${field} cursor`, [{ path: field, message: `no delivery ${cursor} of webhook ${id}` }]);
+    throw new ValidationError(`${field}: no delivery ${cursor} of webhook ${id}`, [{ path: field, message: `no delivery ${cursor} of webhook ${id}` }]);
   }
   const limit = query.limit ?? 20;
   const rows = await listMessages(em, endpoint.id, { limit: limit + 1, after: query.after, before: query.before });
