@@ -24,10 +24,24 @@ export function normalizeSenderEmail(email: string): { email: string; domain: st
   return isAddress(address) ? { email: address, domain } : null;
 }
 
-export async function createSender(em: EntityManager, organizationId: string, input: CreateSenderInput, now = new Date()): Promise<Sender> {
+/**
+ * A sender on one of the organization's domains. `within`: the one domain it must be on (the
+ * dashboard's form of a domain), else an address of another domain is refused naming it.
+ */
+export async function createSender(
+  em: EntityManager,
+  organizationId: string,
+  input: CreateSenderInput,
+  now = new Date(),
+  within?: { id: string; domain: string },
+): Promise<Sender> {
   const parsed = normalizeSenderEmail(input.email);
   if (!parsed) throw new ValidationError('email: not a valid address', [{ path: 'email', message: 'not a valid address' }]);
-  const domain = await em.findOne(Domain, { organizationId, domain: parsed.domain }, { fields: ['id'] });
+  if (within && parsed.domain !== within.domain) {
+    const message = `must be an address at ${within.domain} (add a sender of another domain on that domain's page)`;
+    throw new ValidationError(`email: ${message}`, [{ path: 'email', message }]);
+  }
+  const domain = within ?? (await em.findOne(Domain, { organizationId, domain: parsed.domain }, { fields: ['id'] }));
   if (!domain) {
     throw new ValidationError(`email: ${parsed.domain} is not a domain of this organization; add it with POST /api/v2/domains first`, [
       { path: 'email', message: `domain ${parsed.domain} is not a domain of this organization` },
