@@ -486,6 +486,18 @@ describe('POST /webhooks/sendgrid', () => {
     expect(await suppressed(blocked!.to)).toBe(false);
   });
 
+  it('takes a hard bounce after a soft one in the same batch as the event: one row, hard, and the address suppressed', async () => {
+    const email = await sent('sg-soft-then-hard');
+    const batch = [
+      sendgridEvent('bounce', email, { type: 'blocked', status: '5.7.1', reason: '550 5.7.1 blocked' }),
+      sendgridEvent('bounce', email, { type: 'bounce', status: '5.1.1', reason: '550 5.1.1 user unknown' }),
+    ];
+    expect((await sendgridPost(batch)).statusCode).toBe(200);
+    const rows = await ctx.services.orm.em.fork().execute<{ type: string }[]>(`select details->>'bounceType' as type from email_events where email_id = ? and type = 'bounced'`, [email.id]);
+    expect(rows).toEqual([{ type: 'hard' }]);
+    expect(await suppressed(email.to)).toBe(true);
+  });
+
   it('matches by the SMTP answer id when the Message-ID is not carried', async () => {
     const email = await sent('sg-relay');
     const event = sendgridEvent('delivered', email);
