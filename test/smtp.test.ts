@@ -500,6 +500,9 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
       expect((await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).status).toBe(200);
       expect((await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status).toBe(200);
       expect(await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text()).toMatch(/^mailroom_inbound_reports_total\{outcome="refused"\} 1$/m);
+      // Stopped as a Procfile role is (tsx's node child goes with it), and it exits 0.
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited).toBe(0);
     } finally {
       proc.kill();
     }
