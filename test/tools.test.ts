@@ -215,6 +215,30 @@ describe('MCP at /mcp', () => {
     expect(huge.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32600 }, id: null });
   });
 
+  it('answers a tools/call that is not a call (no tool name, arguments not an object) -32602 naming the param', async () => {
+    const post = (payload: object) =>
+      ctx.app.inject({ method: 'POST', url: '/mcp', headers: { ...bearer(token), 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, payload });
+    const cases: [object | undefined, string][] = [
+      [{ arguments: {} }, 'params.name: is required'],
+      [{ name: 'list_domains', arguments: 'x' }, 'params.arguments: must be an object, got a string'],
+      [{ name: 7 }, 'params.name: must be a string, got a whole number'],
+      [undefined, 'params: is required'],
+    ];
+    for (const [params, message] of cases) {
+      const res = await post({ jsonrpc: '2.0', id: 9, method: 'tools/call', ...(params ? { params } : {}) });
+      expect(res.statusCode).toBe(200);
+      expect(res.json()).toEqual({ jsonrpc: '2.0', id: 9, error: { code: -32602, message } });
+    }
+    // In a batch, the other calls run as usual.
+    const batch = await post([
+      { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { arguments: {} } },
+      { jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'list_domains', arguments: {} } },
+    ]);
+    const answers = batch.json() as { id: number; error?: { code: number }; result?: { isError?: boolean } }[];
+    expect(answers.find((a) => a.id === 1)).toMatchObject({ error: { code: -32602, message: 'params.name: is required' } });
+    expect(answers.find((a) => a.id === 2)?.result).toMatchObject({ structuredContent: { object: 'list' } });
+  });
+
   it('a tools/call answer carries the endpoint\'s rate-limit headers', async () => {
     const res = await ctx.app.inject({
       method: 'POST',

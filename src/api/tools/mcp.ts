@@ -2,6 +2,8 @@ import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { CallToolRequestSchema, ListToolsRequestSchema, type CallToolResult, type Tool as McpTool } from '@modelcontextprotocol/sdk/types.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import { randomHex } from '../../shared/crypto.js';
 import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
 import { rateLimit } from '../plugins/auth.js';
 import { errorBody, errorHandler } from '../plugins/errors.js';
@@ -13,6 +15,10 @@ const SERVER_INFO = { name: 'mailroom', version: '2.0.0' };
 // JSON-RPC 2.0 error codes (section 5.1).
 const PARSE_ERROR = -32700;
 const INVALID_REQUEST = -32600;
+const INVALID_PARAMS = -32602;
+
+// What a `tools/call` needs (MCP's CallToolRequest; `_meta` and the rest pass through).
+const CallParams = z.looseObject({ name: z.string(), arguments: z.record(z.string(), z.unknown()).optional() });
 
 function describe(tool: Tool): McpTool {
   return {
@@ -33,13 +39,15 @@ function describe(tool: Tool): McpTool {
  * of that request, with the caller's own bearer token, through the same runner as
  * `POST /api/v2/tools/{name}`.
  */
-function serverFor(app: App, request: FastifyRequest, reply: FastifyReply): Server {
+function serverFor(app: App, request: FastifyRequest, reply: FastifyReply, invalid: Map<string, string>): Server {
   const server = new Server(SERVER_INFO, {
     capabilities: { tools: {} },
     instructions: 'mailroom: transactional email, subscribers, campaigns, sending domains and address verification.',
   });
   server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: tools.map(describe) }));
   server.setRequestHandler(CallToolRequestSchema, async (call): Promise<CallToolResult> => {
+    const reason = invalid.get(call.params.name);
+    if (reason !== undefined) throw Object.assign(new Error(reason), { code: INVALID_PARAMS });
     const result = await runTool(app, request, call.params.name, call.params.arguments ?? {});
     // The endpoint's rate-limit headers (and a 429's Retry-After) on the HTTP answer: the
     // last call's, as the transport writes the headers once all calls have run (an earlier
@@ -59,6 +67,26 @@ function serverFor(app: App, request: FastifyRequest, reply: FastifyReply): Serv
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/**
+ * The body with each `tools/call` whose params are not a call (no tool name, arguments that are
+ * not an object) replaced by a placeholder call, its reason kept in `invalid` under the
+ * placeholder's name: the SDK would answer such a call with an internal error (-32603) and its
+ * schema's dump; the handler answers the placeholder -32602 with the reason instead. The names
+ * carry a random part: no tool's name, and no caller can guess one.
+ */
+function setAsideInvalidCalls(body: unknown, invalid: Map<string, string>): unknown {
+  const marker = `\u0000${randomHex(8)}:`;
+  const check = (message: unknown, index: number): unknown => {
+    if (!isObject(message) || message.method !== 'tools/call' || message.id === undefined) return message;
+    const parsed = CallParams.safeParse(message.params);
+    if (parsed.success) return message;
+    const name = marker + index;
+    invalid.set(name, parsed.error.issues.map((issue) => `${['params', ...issue.path.map(String)].join('.')}: ${issue.message}`).join('; '));
+    return { ...message, params: { name } };
+  };
+  return Array.isArray(body) ? body.map(check) : check(body, 0);
 }
 
 /** A JSON-RPC message (or batch) that only runs tools: those are counted by their endpoint. */
@@ -86,8 +114,11 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
     // Its JSON-RPC body is read by the MCP server; tool arguments reach an endpoint, which
     // refuses U+0000 itself (as a tool error the client can read).
     app.post('/mcp', { schema: { hide: true }, config: { acceptsNul: true } }, async (request, reply) => {
-      if (!onlyToolCalls(request.body)) await rateLimit(limiter, request.caller, reply);
-      const server = serverFor(app, request, reply);
+      const invalid = new Map<string, string>();
+      const body = setAsideInvalidCalls(request.body, invalid);
+      // A call refused here reaches no endpoint: the message is counted here, like initialize.
+      if (!onlyToolCalls(body) || invalid.size > 0) await rateLimit(limiter, request.caller, reply);
+      const server = serverFor(app, request, reply, invalid);
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
       // The transport writes the answer itself: the headers set so far (X-Request-Id, the
       // rate limit's) go on the raw response first, or they would be lost with the hijack.
@@ -98,7 +129,7 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
         void server.close();
       });
       await server.connect(transport);
-      await transport.handleRequest(request.raw, reply.raw, request.body);
+      await transport.handleRequest(request.raw, reply.raw, body);
     });
 
     // Stateless: no server-initiated stream to GET, no session to DELETE.
