@@ -36,6 +36,11 @@ describe('merge tags with a fallback: {{name|there}}', () => {
     expect(fillHtml(html, anonymous)).toContain('Hello there');
   });
 
+  it('reads the built-in names in any case (the send check accepts the unsubscribe link in any case), a field as stored', () => {
+    expect(fillHtml('<a href="{{Unsubscribe_Url}}">x</a> <a href="%7B%7BUNSUBSCRIBE_URL%7D%7D">y</a>', anonymous)).toBe('<a href="https://x.test/u/t">x</a> <a href="https://x.test/u/t">y</a>');
+    expect(fillText('{{NAME|you}} at {{Email}} in {{Fields.city}}, not {{fields.City}}', anonymous)).toBe('you at ann@example.com in Oslo, not ');
+  });
+
   it('stays linear on the worst input of the maximum size (1 MiB of unclosed tags)', () => {
     const worst = '{{name|'.repeat(1) + ' '.repeat(1024 * 1024);
     const many = '{{a| '.repeat(200_000);

@@ -3,7 +3,7 @@ import { escapeHtml } from '../html.js';
 
 /**
  * Personalisation (docs/campaigns.md "Personalisation and unsubscribe"): `{{email}}`, `{{name}}`,
- * `{{fields.NAME}}` and `{{unsubscribe_url}}`. Values are HTML-escaped in the HTML part, raw in the
+ * `{{fields.NAME}}` and `{{unsubscribe_url}}` (the built-in names in any case). Values are HTML-escaped in the HTML part, raw in the
  * text part and the subject (a header, never HTML; CR/LF removed). An unknown name renders empty.
  * The markdown renderer percent-encodes braces in link targets, so `%7B%7B...%7D%7D` counts too.
  *
@@ -35,12 +35,18 @@ export function unsubscribeUrl(publicUrl: string, token: string): string {
   return `${publicUrl.replace(/\/+$/, '')}/u/${token}`;
 }
 
+/**
+ * The value of a placeholder's name for one recipient. The built-in names are read in any case
+ * (`{{Name}}`, `{{UNSUBSCRIBE_URL}}`: the send check finds the unsubscribe link in any case, so
+ * the link it found must be filled), a field's name as it is stored.
+ */
 export function variablesOf(recipient: Recipient, unsubscribe: string): (name: string) => string {
   return (name) => {
-    if (name === 'email') return recipient.email;
-    if (name === 'name') return recipient.name ?? '';
-    if (name === 'unsubscribe_url') return unsubscribe;
-    if (name.startsWith('fields.')) {
+    const lower = name.toLowerCase();
+    if (lower === 'email') return recipient.email;
+    if (lower === 'name') return recipient.name ?? '';
+    if (lower === 'unsubscribe_url') return unsubscribe;
+    if (lower.startsWith('fields.')) {
       const value = recipient.fields?.[name.slice('fields.'.length)];
       return typeof value === 'string' ? value : value === undefined || value === null ? '' : String(value);
     }
