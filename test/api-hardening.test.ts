@@ -205,6 +205,28 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
     expect(await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select count(*)::int as n from email_verifications`)).toEqual(before);
   });
 
+  it('refuses a document given as JSON text whose parsed text holds U+0000 or an unpaired surrogate (escaped in the text)', async () => {
+    const docText = (text: string) => JSON.stringify({ type: 'doc', content: [{ type: 'paragraph', content: [{ type: 'text', text }] }] });
+    const count = async () => (await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select count(*)::int as n from emails`))[0]!.n;
+    const before = await count();
+    for (const text of ['a\u0000b', 'a\ud800b']) {
+      // JSON.stringify escapes both: the request's own text holds only `\u0000` or `\ud800`, six characters.
+      expect(docText(text)).toMatch(/\\u(0000|d800)/);
+      const cases: [string, object, number, string, string][] = [
+        ['/api/v2/emails', { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', tiptap: docText(text) }, 422, 'tiptap', 'details'],
+        ['/api/v1/emails', { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', contentType: 'TIPTAP', content: docText(text) }, 422, 'content', 'error'],
+        ['/api/v2/campaigns', { name: 'c', subject: 's', contentType: 'MAILY', content: docText(text) }, 422, 'content', 'details'],
+      ];
+      for (const [url, payload, status, path] of cases) {
+        const res = await ctx.app.inject({ method: 'POST', url, headers: bearer(acme.token), payload });
+        expect({ url, status: res.statusCode }).toEqual({ url, status });
+        const body = url.startsWith('/api/v1') ? res.json().error : res.json();
+        expect(body.details).toEqual([{ path, message: expect.stringMatching(/NUL character .* at content\.0\.content\.0\.text/) }]);
+      }
+    }
+    expect(await count()).toBe(before);
+  });
+
   it('answers a tool argument with an unpaired surrogate with the validation error naming it, not a 500', async () => {
     const answer = await runOverHttp(ctx, acme.token, 'get_email', { id: 'eml_\ud800' });
     expect(answer.statusCode).toBe(422);

@@ -2,6 +2,7 @@ import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors, isResponseSerializationError } from 'fastify-type-provider-zod';
 import { isDependencyDown } from '../../shared/dependency-errors.js';
 import { AppError, AuthenticationError, NotFoundError, ValidationError, type ErrorDetail } from '../../shared/errors.js';
+import { UNSTORABLE_MESSAGE, unstorablePath } from '../../shared/storable.js';
 import type { App } from '../types.js';
 
 export interface ErrorBody {
@@ -23,62 +24,6 @@ const FASTIFY_ERRORS: Record<string, { status: number; name: string; message: st
   FST_ERR_CTP_INVALID_CONTENT_LENGTH: { status: 400, name: 'invalid_json', message: 'The Content-Length does not match the body' },
   FST_ERR_CTP_INVALID_TYPE: { status: 415, name: 'unsupported_media_type', message: 'The body must be JSON (Content-Type: application/json)' },
 };
-
-/**
- * Text PostgreSQL cannot store: U+0000 (in text and jsonb), or a UTF-16 surrogate without its
- * pair (`"\ud800"` is valid JSON, and jsonb refuses it: 22P02).
- */
-const unstorable = (text: string) => text.includes('\0') || !text.isWellFormed();
-
-/**
- * The path (`a.b.0`, as validation details name it) of the first string holding unstorable
- * text in a parsed request part, `part` itself when the part is that string, or undefined.
- * Keys count as well as values (jsonb refuses both). Iterative: a deeply nested body cannot
- * overflow the stack.
- */
-export function nulPath(value: unknown, part: string): string | undefined {
-  if (!hasNul(value)) return undefined;
-  const stack: Array<[unknown, string]> = [[value, '']];
-  while (stack.length > 0) {
-    const [current, path] = stack.pop()!;
-    if (typeof current === 'string') {
-      if (unstorable(current)) return path || part;
-    } else if (current !== null && typeof current === 'object') {
-      const at = (key: string) => (path ? `${path}.${key}` : key);
-      if (Array.isArray(current)) {
-        for (let i = current.length - 1; i >= 0; i--) stack.push([current[i], at(String(i))]);
-      } else {
-        for (const key of Object.keys(current)) {
-          if (unstorable(key)) return at(key.replace(/\0/g, '\\0').toWellFormed());
-          stack.push([(current as Record<string, unknown>)[key], at(key)]);
-        }
-      }
-    }
-  }
-  return undefined;
-}
-
-/** The walk of `nulPath` without building paths: the common case, nothing found, allocates little. */
-function hasNul(value: unknown): boolean {
-  if (typeof value === 'string') return unstorable(value);
-  if (value === null || typeof value !== 'object') return false;
-  const stack: unknown[] = [value];
-  while (stack.length > 0) {
-    const current = stack.pop();
-    if (typeof current === 'string') {
-      if (unstorable(current)) return true;
-    } else if (Array.isArray(current)) {
-      for (const item of current) stack.push(item);
-    } else if (current !== null && typeof current === 'object') {
-      for (const key in current) {
-        if (!Object.hasOwn(current, key)) continue;
-        if (unstorable(key)) return true;
-        stack.push((current as Record<string, unknown>)[key]);
-      }
-    }
-  }
-  return false;
-}
 
 function detailPath(context: string | undefined, instancePath: string): string {
   const path = instancePath.replace(/^\//, '').replace(/\//g, '.');
@@ -140,11 +85,10 @@ export function errorHeaders(error: unknown, body: ErrorBody, reply: FastifyRepl
 }
 
 function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?: Error) => void): void {
-  if (nulPath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character or an unpaired surrogate'));
-  const where = nulPath(request.query, 'querystring') ?? (request.body === undefined ? undefined : nulPath(request.body, 'body'));
+  if (unstorablePath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character or an unpaired surrogate'));
+  const where = unstorablePath(request.query, 'querystring') ?? (request.body === undefined ? undefined : unstorablePath(request.body, 'body'));
   if (!where) return done();
-  const message = 'must not contain a NUL character (U+0000) or an unpaired UTF-16 surrogate (such as \\ud800)';
-  done(new ValidationError(`${where}: ${message}`, [{ path: where, message }], request.routeOptions.config?.validationStatus ?? 422));
+  done(new ValidationError(`${where}: ${UNSTORABLE_MESSAGE}`, [{ path: where, message: UNSTORABLE_MESSAGE }], request.routeOptions.config?.validationStatus ?? 422));
 }
 
 /**

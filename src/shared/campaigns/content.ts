@@ -1,6 +1,7 @@
 import { parseFragment, type DefaultTreeAdapterMap } from 'parse5';
 import type { CampaignContentType } from '../db/entities/campaign.js';
 import { assertContentSize, laidOut, markdownToHtml, renderChecked } from '../emails/render.js';
+import { unstorableInJsonText } from '../storable.js';
 import { UNSUBSCRIBE_TARGET } from './html.js';
 import { mailyHasUnsubscribeLink, mailyProblem, mailyToHtml } from './maily.js';
 import { plateHasUnsubscribeLink, plateProblem, plateToHtml } from './plate.js';
@@ -25,6 +26,8 @@ export function normalizeContent(contentType: CampaignContentType, content: unkn
     } catch {
       return { problem: `is not valid JSON (contentType ${contentType})` };
     }
+    const unstorable = unstorableInJsonText(value);
+    if (unstorable) return { problem: unstorable };
   }
   const problem = contentType === 'MAILY' ? mailyProblem(value) : plateProblem(value);
   return problem ? { problem } : { value };

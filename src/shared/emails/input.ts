@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import type { ContentKind, EmailSource, EmailTag } from '../db/entities/email.js';
 import { hasLineBreak, parseMailbox } from './addresses.js';
+import { unstorableInJsonText } from '../storable.js';
 import { MAX_CONTENT_CHARS, tiptapProblem } from './render.js';
 
 /**
@@ -91,6 +92,11 @@ export const SendEmailBody = z
           doc = JSON.parse(doc);
         } catch {
           ctx.addIssue({ code: 'custom', path: ['tiptap'], message: 'is not valid JSON' });
+          return;
+        }
+        const unstorable = unstorableInJsonText(doc);
+        if (unstorable) {
+          ctx.addIssue({ code: 'custom', path: ['tiptap'], message: unstorable });
           return;
         }
       }

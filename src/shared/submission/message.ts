@@ -3,6 +3,7 @@ import type { EmailTag } from '../db/entities/email.js';
 import { asciiAddress, isAddress } from '../emails/addresses.js';
 import addressparser from 'nodemailer/lib/addressparser/index.js';
 import { replies } from './reply.js';
+import { unstorable } from '../storable.js';
 
 /**
  * A message submitted over SMTP, read with mailparser and mapped to one email (contract
@@ -184,7 +185,8 @@ function tagsOf(mail: ParsedMail): EmailTag[] {
   return tags;
 }
 
-const hasNul = (value: string | null | undefined) => value !== null && value !== undefined && value.includes('\u0000');
+// Text PostgreSQL cannot store (a NUL; an unpaired surrogate, which a UTF-16 part can decode to).
+const hasNul = (value: string | null | undefined) => value !== null && value !== undefined && unstorable(value);
 
 /**
  * Reads a message as received after DATA. Throws an SmtpReplyError (554 5.6.0) for a
@@ -207,7 +209,7 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   const subject = (mail.subject ?? '').replace(/[\r\n]+/g, ' ');
   const html = typeof mail.html === 'string' ? mail.html : '';
   const text = mail.text ?? null;
-  if (hasNul(subject) || hasNul(html) || hasNul(text)) throw replies.malformed('Message text contains NUL characters');
+  if (hasNul(subject) || hasNul(html) || hasNul(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
   const tags = tagsOf(mail);
 
   // The mapping of docs/smtp.md "From a message to an email". Without any To address
@@ -232,7 +234,7 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   );
   const headers = keptHeaders(mail);
   if (headers.some(([name, value]) => hasNul(name) || hasNul(value)) || attachments.some((a) => hasNul(a.filename) || hasNul(a.contentType) || hasNul(a.contentId))) {
-    throw replies.malformed('Message headers contain NUL characters');
+    throw replies.malformed('Message headers contain NUL characters or unpaired surrogates');
   }
   return {
     from,
