@@ -110,6 +110,7 @@ describe('POST /api/v2/subscribers (docs/audience.md "Writes")', () => {
     ['missing email', {}],
     ['invalid address', { email: 'not-an-address' }],
     ['over-long address', { email: `${'a'.repeat(250)}@example.com` }],
+    ['local part over 64 characters', { email: `${'a'.repeat(65)}@example.com` }],
     ['over-long name', { email: 'bad1@example.com', name: 'n'.repeat(256) }],
     ['non-object fields', { email: 'bad2@example.com', fields: 'plan=pro' }],
     ['array fields', { email: 'bad3@example.com', fields: ['a'] }],

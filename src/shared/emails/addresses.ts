@@ -1,9 +1,11 @@
 import addressparser from 'nodemailer/lib/addressparser/index.js';
 import { addressDomain } from '../domains/hostname.js';
 
-// Pragmatic RFC 5321 mailbox: a local part without spaces, brackets or separators, and a
-// dotted host name of LDH labels (IDN hosts must be given in their xn-- form).
-const ADDRESS = /^[^\s@<>()[\],;:"\\]{1,64}@(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$/;
+// Pragmatic RFC 5321 mailbox: a local part of 1 to 64 characters without spaces, brackets or
+// separators, its dots single and inside it (a dot-string: `a..b@`, `.a@`, `a.@` are no
+// mailbox, and the verifier says so too), and a dotted host name of LDH labels (IDN hosts must
+// be given in their xn-- form). Atoms exclude the dot: the match stays linear.
+const ADDRESS = /^(?=[^@]{1,64}@)[^\s@<>()[\],;:"\\.]+(?:\.[^\s@<>()[\],;:"\\.]+)*@(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$/;
 
 export interface Mailbox {
   name: string;

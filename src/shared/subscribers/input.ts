@@ -13,7 +13,9 @@ export const EmailAddress = z
   .trim()
   .toLowerCase()
   .max(254, 'must be at most 254 characters')
-  .pipe(z.email({ message: 'must be a valid email address' }));
+  .pipe(z.email({ message: 'must be a valid email address' }))
+  // RFC 5321 4.5.3.1.1: the local part is at most 64 octets (zod's pattern allows ASCII only).
+  .refine((email) => email.lastIndexOf('@') <= 64, 'must have at most 64 characters before the @');
 
 export function normalizeEmail(value: string): string {
   return value.trim().toLowerCase();
