@@ -205,14 +205,18 @@ export async function deleteCampaign(em: EntityManager, deps: { producer: QueueP
 }
 
 const ISO_LOCAL = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?$/;
-const ISO_OFFSET = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2})$/i;
+const ISO_OFFSET = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-](\d{2}):?(\d{2}))$/i;
 
 /** docs/campaigns.md "API decisions": with an offset the time is absolute; without one it is wall-clock in `timezone`. */
 export function parseScheduledAt(value: string, timezone: string): Date {
   const bad = (message: string) => new ValidationError(`scheduledAt: ${message}`, [{ path: 'scheduledAt', message }], 400);
   let parsed: DateTime;
-  if (ISO_OFFSET.test(value)) parsed = DateTime.fromISO(value, { setZone: true });
-  else if (ISO_LOCAL.test(value)) parsed = DateTime.fromISO(value, { zone: timezone });
+  const offset = ISO_OFFSET.exec(value);
+  if (offset) {
+    // RFC 3339's bounds: luxon takes `+99:99` as 4 days and 3 hours, moving the send silently.
+    if (offset[4] !== undefined && (Number(offset[4]) > 23 || Number(offset[5]) > 59)) throw bad('has a UTC offset out of range (hours 00 to 23, minutes 00 to 59)');
+    parsed = DateTime.fromISO(value, { setZone: true });
+  } else if (ISO_LOCAL.test(value)) parsed = DateTime.fromISO(value, { zone: timezone });
   else throw bad('must be an ISO 8601 date and time, e.g. 2026-12-01T09:00:00Z or 2026-12-01T09:00 (wall clock in timezone)');
   if (!parsed.isValid) throw bad(`is not a valid date and time (${parsed.invalidExplanation ?? parsed.invalidReason})`);
   return parsed.toJSDate();
