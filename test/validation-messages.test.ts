@@ -30,18 +30,24 @@ describe('validation messages a person understands', () => {
     const union = await post('/emails', { from: 'a@acme.test', to: 42, subject: 'Hi', html: '<p>x</p>' });
     expect(union.statusCode).toBe(422);
     expect(union.json().message).toMatch(/^to: must be a string or a list, got a whole number/);
-    // A query parameter is text: one that is not a number is not called "a number".
-    const limit = await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?limit=abc', headers: bearer(token) });
-    expect(limit.statusCode).toBe(422);
-    expect(limit.json().message).toBe('limit: must be a number, got text that is not a number');
+    // A query parameter is text: a whole number is written in digits (not hex, binary, an
+    // exponent or nothing, which Number() would read as 16, 3, 10 and 0).
+    for (const value of ['abc', '0x10', '0b11', '1e1', '', '-1', '1.5', ' 5']) {
+      const limit = await ctx.app.inject({ method: 'GET', url: `/api/v2/emails?limit=${encodeURIComponent(value)}`, headers: bearer(token) });
+      expect({ value, status: limit.statusCode }).toEqual({ value, status: 422 });
+      expect(limit.json()).toMatchObject({ message: 'limit: must be a whole number written in digits', details: [{ path: 'limit' }] });
+    }
+    // Past 2^53: the parameter's own bound, once.
+    const huge = await ctx.app.inject({ method: 'GET', url: '/api/v2/tokens?limit=99999999999999999999', headers: bearer(token) });
+    expect(huge.json()).toMatchObject({ message: 'limit: must be at most 100', details: [{ path: 'limit', message: 'must be at most 100' }] });
+    expect(huge.json().details).toHaveLength(1);
     // A parameter given twice is said to be given twice.
     const twice = await ctx.app.inject({ method: 'GET', url: '/api/v2/tokens?limit=1&limit=2', headers: bearer(token) });
     expect(twice.statusCode).toBe(422);
     expect(twice.json().message).toBe('limit: is given more than once');
     expect((await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?after=a&after=b', headers: bearer(token) })).json().message).toBe('after: is given more than once');
-    // A number no field can hold is not called "a number" either.
     const infinite = await ctx.app.inject({ method: 'GET', url: '/api/v2/emails?limit=Infinity', headers: bearer(token) });
-    expect(infinite.json().message).toBe('limit: must be a number, got a number out of range');
+    expect(infinite.json().message).toBe('limit: must be a whole number written in digits');
   });
 
   it('says the bounds of a number, a text and a list in words, not in zod\'s notation', async () => {

@@ -1,6 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { errorBody, errorHandler } from '../plugins/errors.js';
+import { wholeNumberQuery } from '../schemas.js';
 import { dispatch, segment, type EndpointRequest, type EndpointResponse } from '../tools/dispatch.js';
 import type { App } from '../types.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
@@ -58,9 +59,9 @@ const DEFAULT_PAGE_SIZE = 20;
 const MAX_PAGE_SIZE = 100;
 
 const ListQuery = z.looseObject({
-  page: z.coerce.number().int().min(1).optional().describe('1-based page of `limit` items, counted from `cursor` (or the start)'),
+  page: wholeNumberQuery(1).optional().describe('1-based page of `limit` items, counted from `cursor` (or the start)'),
   cursor: z.string().min(1).optional().describe('Id of the last item already seen: v2 `after`'),
-  limit: z.coerce.number().int().min(1).max(MAX_PAGE_SIZE).optional(),
+  limit: wholeNumberQuery(1, MAX_PAGE_SIZE).optional(),
 });
 
 // The v2 fields a v1 send was translated into, by the v1 field the caller wrote.
