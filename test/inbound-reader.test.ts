@@ -118,6 +118,20 @@ describe('reading reports', () => {
     expect(verdictOf(report, ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: expect.stringContaining('550 5.1.1') });
     const reply = Buffer.from(`From: Jane <jane@example.com>\r\nTo: ${SENT.returnPath}\r\nSubject: Out of office\r\n\r\nI am away until Monday; 550 reasons.\r\n`);
     expect(verdictOf(await readReport(reply, 'jane@example.com'), ONLY_TO)).toMatchObject({ type: 'ignored' });
+    // RFC 3834 auto-replies come with a null envelope sender too (Exchange's out-of-office, a
+    // Sieve vacation): from the person, not a mailer-daemon, they are no bounce.
+    const outOfOffice = Buffer.from(
+      `From: Ooo Three <ooo3@example.org>\r\nTo: ${SENT.returnPath}\r\nSubject: Automatic reply: news\r\nAuto-Submitted: auto-generated\r\nX-Auto-Response-Suppress: All\r\n\r\n` +
+        `I am on leave until 1 December.\r\n\r\nAcme Customer Corp. | 550 Market Street, San Francisco\r\n`,
+    );
+    expect(verdictOf(await readReport(outOfOffice, ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
+    const vacation = Buffer.from(`From: ooo1@example.org\r\nSubject: Away\r\nAuto-Submitted: auto-replied (vacation)\r\n\r\nBack soon.\r\n`);
+    expect(verdictOf(await readReport(vacation, ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
+    // A daemon known by its name only, or with no domain, or no From at all: still a bounce.
+    for (const from of ['From: Mail Delivery Subsystem <bounces-handler@mx.example>\r\n', 'From: MAILER-DAEMON\r\n', '']) {
+      const daemon = Buffer.from(`${from}Subject: failure\r\n\r\nremote said: 550 no such user\r\n`);
+      expect(verdictOf(await readReport(daemon, ''), ONLY_TO), from).toMatchObject({ type: 'bounced', bounceType: 'hard' });
+    }
     const bare550 = Buffer.from(`From: Mail Delivery System <MAILER-DAEMON@mx.example>\r\nSubject: failure\r\n\r\nremote said: 550 no such user\r\n`);
     expect(verdictOf(await readReport(bare550, ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: 'remote said: 550 no such user' });
   });

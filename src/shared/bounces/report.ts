@@ -33,6 +33,8 @@ const REPLY_550 = /\b550\b/;
 /** Unstructured bounces are read from their first part of text only. */
 const TEXT_LIMIT = 64 * 1024;
 const DAEMON_LOCAL_PARTS = new Set(['mailer-daemon', 'postmaster', 'mail-daemon', 'mailerdaemon', 'mdaemon']);
+// The names MTAs give their bounces' From (`Mail Delivery Subsystem <MAILER-DAEMON@...>`).
+const DAEMON_NAME = /^(?:mail delivery (?:sub)?system|mailer-daemon|postmaster|mail administrator)$/i;
 // Where an unstructured bounce's own words end and its copy of the returned message begins:
 // the separators qmail, Exim, sendmail, Postfix and webmail bounces write, or the first line
 // of a quoted header block. A status or a 550 in the copy is the customer's text (a version
@@ -163,8 +165,14 @@ export async function readWithMailparser(raw: Buffer, mailFrom: string): Promise
   }
 
   const text = ownText((mail.text ?? '').slice(0, TEXT_LIMIT));
-  const from = mail.from?.value[0]?.address?.toLowerCase() ?? '';
-  const fromDaemon = mailFrom === '' || DAEMON_LOCAL_PARTS.has(from.slice(0, from.indexOf('@')));
+  // A mailer-daemon by its From (RFC 3464's reporting MTA speaks as one): a null envelope
+  // sender alone is not enough, since RFC 3834 auto-replies (an out-of-office, a Sieve
+  // vacation) are sent with one too, from the person, and a "550 Market Street" in their
+  // signature is no 550. A null sender with no From at all is a daemon's.
+  const author = mail.from?.value[0];
+  const from = author?.address?.toLowerCase() ?? '';
+  const local = from.includes('@') ? from.slice(0, from.lastIndexOf('@')) : from;
+  const fromDaemon = DAEMON_LOCAL_PARTS.has(local) || DAEMON_NAME.test(author?.name?.trim() ?? '') || (mailFrom === '' && from === '');
   return { content: { kind: 'unstructured', fromDaemon, status: statusInText(text), text }, originalMessageId, loop };
 }
 
