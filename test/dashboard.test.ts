@@ -163,6 +163,36 @@ describe('dashboard in Chromium', () => {
     expect(out.headers.getSetCookie()).toEqual([expect.stringMatching(/^mailroom_session=; .*Max-Age=0/)]);
   });
 
+  it('refuses a NUL or an unpaired surrogate in a query or a form as the API does (422 naming the field), before anything is read or counted', async () => {
+    const refusedLogin = await fetch(`${base}/app/login`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', origin: base },
+      body: new URLSearchParams({ email: 'x\u0000@acme.test', password: 'p'.repeat(12) }),
+      redirect: 'manual',
+    });
+    expect(refusedLogin.status).toBe(422);
+    expect(await refusedLogin.text()).toContain('email: must not contain a NUL character');
+    const login = await fetch(`${base}/app/login`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded', origin: base }, body: new URLSearchParams({ email: 'jane@acme.test', password: PASSWORD }), redirect: 'manual' });
+    const cookie = `mailroom_session=${/mailroom_session=([^;]+)/.exec(login.headers.get('set-cookie') ?? '')![1]!}`;
+    const shown = await fetch(`${base}/app/verification`, { headers: { cookie } });
+    const csrf = /name="_csrf" value="([^"]+)"/.exec(await shown.text())![1]!;
+    for (const url of ['/app/emails?to=a%00b@example.com', '/app/audience?q=%00', '/app/audience?tag=%00', '/app/campaigns?after=%00']) {
+      const res = await fetch(`${base}${url}`, { headers: { cookie } });
+      expect({ url, status: res.status }).toEqual({ url, status: 422 });
+      expect(await res.text()).toContain('must not contain a NUL character');
+    }
+    const [before] = await rows('select coalesce(sum(used), 0)::int as n from verification_quotas where organization_id = ?', [orgA.organizationId]);
+    for (const [url, fields] of [
+      ['/app/verification', { email: 'a\u0000b@example.com' }],
+      ['/app/tokens', { name: 'a\u0000b', preset: 'app' }],
+      ['/app/campaigns', { name: 'ok', content: 'a\u0000b' }],
+    ] as const) {
+      const res = await fetch(`${base}${url}`, { method: 'POST', headers: { cookie, 'content-type': 'application/x-www-form-urlencoded', origin: base }, body: new URLSearchParams({ _csrf: csrf, ...fields }), redirect: 'manual' });
+      expect({ url, status: res.status }).toEqual({ url, status: 422 });
+    }
+    expect(await rows('select coalesce(sum(used), 0)::int as n from verification_quotas where organization_id = ?', [orgA.organizationId])).toEqual([before]);
+  });
+
   it('signs in and shows this organization emails and not another one', async () => {
     await signIn(page, 'jane@acme.test', PASSWORD);
     expect(new URL(page.url()).pathname).toBe('/app/emails');

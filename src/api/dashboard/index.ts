@@ -5,7 +5,8 @@ import multipart from '@fastify/multipart';
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
-import { AppError, NotFoundError } from '../../shared/errors.js';
+import { AppError, NotFoundError, ValidationError } from '../../shared/errors.js';
+import { UNSTORABLE_MESSAGE, unstorablePath } from '../../shared/storable.js';
 import { checkPassword, PASSWORD_MAX } from '../../shared/users/service.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
 import type { App } from '../types.js';
@@ -146,6 +147,14 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
     if (!sameToken(given, request.dashboard.session.csrf)) {
       return sendPage(reply, page({ title: 'Request refused', user: request.dashboard.user, error: 'This form is out of date (its security token does not match your session); nothing was changed. Reload the page and try again.' }, html``), 403);
     }
+  });
+
+  // Text PostgreSQL cannot store, in a query or a form, is refused as the API refuses it (422
+  // naming the field) before any page reads or counts anything (after the CSRF check: a form
+  // from another site is refused as such). A CSV upload's content is checked by the import.
+  app.addHook('preHandler', async (request) => {
+    const where = unstorablePath(request.query, 'query') ?? (request.isMultipart() || request.body === undefined ? undefined : unstorablePath(request.body, 'form'));
+    if (where) throw new ValidationError(`${where}: ${UNSTORABLE_MESSAGE}`, [{ path: where, message: UNSTORABLE_MESSAGE }]);
   });
 
   app.setErrorHandler((error: Error & { statusCode?: number }, request, reply) => {
