@@ -300,6 +300,9 @@ describe('bad input gets its reply and stores nothing', () => {
     const email = (await api('GET', `/emails/${id}`)).json();
     expect(email.to).toEqual(['Anna <anna@xn--mnchen-3ya.de>']);
     expect(email.bcc).toEqual(['bert@xn--mnchen-3ya.de']);
+    // The envelope the relay is given is in ASCII too (a relay without SMTPUTF8 refuses the Unicode form).
+    const [kept] = await ctx.services.orm.em.fork().execute<{ envelope_to: string[] }[]>('select envelope_to from email_submissions where email_id = ?', [id]);
+    expect(kept!.envelope_to).toEqual(['anna@xn--mnchen-3ya.de', 'bert@xn--mnchen-3ya.de']);
   });
 
   it('keeps an attachment\'s type as submitted, and gives none a file name it did not have', async () => {
