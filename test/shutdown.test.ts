@@ -8,6 +8,7 @@ import { createOrg, createTestContext, type TestContext } from './helpers/contex
 import { runService, type ServiceProcess } from './helpers/process.js';
 import { freePort, waitFor } from './helpers/outages.js';
 import { openDialog } from './helpers/smtp-dialog.js';
+import { selfSignedCertificate } from './helpers/tls.js';
 
 let ctx: TestContext;
 let token: string;
@@ -220,6 +221,7 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
   });
 
   it('exits 1 with one line naming the setting when a port is in use or a file it names cannot be read', async () => {
+    const { keyFile, certFile } = await selfSignedCertificate('startup');
     const taken = createServer();
     await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
     const { port } = taken.address() as { port: number };
@@ -229,7 +231,10 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
         ['src/inbound/main.ts', { INBOUND_SMTP_PORT: String(port) }, /^mailroom: INBOUND_SMTP_PORT: .* is already in use/],
         ['src/inbound/main.ts', { INBOUND_SMTP_PORT: '0', INBOUND_TLS_KEY: '/nonexistent/key.pem', INBOUND_TLS_CERT: '/nonexistent/cert.pem' }, /^mailroom: INBOUND_TLS_KEY: cannot read \/nonexistent\/key\.pem \(ENOENT\)/],
         ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: String(port) }, /^mailroom: SMTP_SUBMISSION_PORT: .* is already in use/],
-        ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', SMTP_TLS_CERT_FILE: '/nonexistent/cert.pem', SMTP_TLS_KEY_FILE: '/nonexistent/key.pem' }, /^mailroom: SMTP_TLS_CERT_FILE: cannot read/],
+        ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', SMTP_TLS_CERT_FILE: '/nonexistent/cert.pem', SMTP_TLS_KEY_FILE: '/nonexistent/key.pem' }, /^mailroom: SMTP_TLS_KEY_FILE: cannot read/],
+        // Files that are there but are not a certificate and its key (swapped, not PEM).
+        ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', SMTP_TLS_CERT_FILE: keyFile, SMTP_TLS_KEY_FILE: certFile }, /^mailroom: SMTP_TLS_CERT_FILE, SMTP_TLS_KEY_FILE: not a PEM certificate and its private key/],
+        ['src/inbound/main.ts', { INBOUND_SMTP_PORT: '0', INBOUND_TLS_KEY: '/etc/hostname', INBOUND_TLS_CERT: '/etc/hostname' }, /^mailroom: INBOUND_TLS_CERT, INBOUND_TLS_KEY: not a PEM certificate/],
         ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', WORKER_METRICS_PORT: String(port) }, /^mailroom: WORKER_METRICS_PORT: .* is already in use/],
       ];
       for (const [entry, env, message] of cases) {

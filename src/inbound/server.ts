@@ -4,7 +4,7 @@ import type { ReturnPaths } from '../shared/bounces/return-path.js';
 import { insertReports, newReportId, type NewReport } from '../shared/bounces/queries.js';
 import type { Services } from '../shared/container.js';
 import type { Logger } from '../shared/logger.js';
-import { listenOn, readSettingFile } from '../shared/startup.js';
+import { listenOn, readTlsSettings } from '../shared/startup.js';
 import { replies } from '../shared/submission/reply.js';
 
 /** One accepted message: its envelope and bytes, for each valid return-path recipient. */
@@ -226,7 +226,7 @@ function storeReports(services: Services): { accept: (message: InboundMessage) =
 export async function startInbound(services: Services, overrides: Partial<Pick<InboundServerOptions, 'port' | 'host' | 'accept'>> = {}): Promise<InboundServer> {
   const c = services.config.inbound;
   const store = overrides.accept ? undefined : storeReports(services);
-  const tls = c.tlsKeyFile && c.tlsCertFile ? { key: await readSettingFile(c.tlsKeyFile, 'INBOUND_TLS_KEY'), cert: await readSettingFile(c.tlsCertFile, 'INBOUND_TLS_CERT') } : undefined;
+  const tls = c.tlsKeyFile && c.tlsCertFile ? await readTlsSettings({ file: c.tlsKeyFile, variable: 'INBOUND_TLS_KEY' }, { file: c.tlsCertFile, variable: 'INBOUND_TLS_CERT' }) : undefined;
   return startInboundServer({
     host: c.host,
     port: c.port,

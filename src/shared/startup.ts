@@ -1,6 +1,7 @@
 import type { EventEmitter } from 'node:events';
 import { constants } from 'node:fs';
 import { access, mkdir, readFile } from 'node:fs/promises';
+import { createSecureContext } from 'node:tls';
 
 /**
  * A start-up problem that names the setting to change (contract 2: a bad value stops the
@@ -21,6 +22,21 @@ export async function readSettingFile(file: string, variable: string): Promise<B
   } catch (error) {
     throw new StartupError(`${variable}: cannot read ${file} (${reasonOf(error)})`);
   }
+}
+
+/**
+ * A TLS key and certificate that settings name, read and checked at start-up: a file that is
+ * not PEM, a key and a certificate swapped or of different pairs would otherwise fail deep in
+ * the listener with OpenSSL's words and a stack trace, naming no setting.
+ */
+export async function readTlsSettings(key: { file: string; variable: string }, cert: { file: string; variable: string }): Promise<{ key: Buffer; cert: Buffer }> {
+  const pair = { key: await readSettingFile(key.file, key.variable), cert: await readSettingFile(cert.file, cert.variable) };
+  try {
+    createSecureContext(pair);
+  } catch (error) {
+    throw new StartupError(`${cert.variable}, ${key.variable}: not a PEM certificate and its private key (${(error as Error).message})`);
+  }
+  return pair;
 }
 
 /** A directory a setting names, created when missing, that this process must be able to write. */

@@ -8,7 +8,7 @@ import { asciiAddress, isAddress } from '../shared/emails/addresses.js';
 import { readSubmittedMessage } from '../shared/submission/message.js';
 import { replies, SmtpReplyError } from '../shared/submission/reply.js';
 import { storeSubmission } from '../shared/submission/queries.js';
-import { listenOn, readSettingFile } from '../shared/startup.js';
+import { listenOn, readTlsSettings } from '../shared/startup.js';
 import { holds } from '../shared/tokens/permissions.js';
 import type { Caller } from '../shared/tokens/service.js';
 
@@ -89,7 +89,7 @@ export async function startSubmission(services: Services, options: SubmissionOpt
 
   let tls: { key: Buffer; cert: Buffer } | undefined;
   if (settings.certFile && settings.keyFile) {
-    tls = { cert: await readSettingFile(settings.certFile, 'SMTP_TLS_CERT_FILE'), key: await readSettingFile(settings.keyFile, 'SMTP_TLS_KEY_FILE') };
+    tls = await readTlsSettings({ file: settings.keyFile, variable: 'SMTP_TLS_KEY_FILE' }, { file: settings.certFile, variable: 'SMTP_TLS_CERT_FILE' });
   } else if (production) {
     services.logger.warn('SMTP submission has no certificate (SMTP_TLS_CERT_FILE, SMTP_TLS_KEY_FILE): AUTH is refused over plain text in production');
   }
