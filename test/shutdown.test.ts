@@ -262,6 +262,7 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
       expect(health).toBe(200);
       const ready = await fetch(`http://127.0.0.1:${metricsPort}/readyz`);
       expect(ready.status).toBe(503);
+      expect(ready.headers.get('retry-after')).toBe('5');
       expect(await ready.json()).toMatchObject({ name: 'service_unavailable', checks: { redis: 'down' } });
     } finally {
       proc.kill();

@@ -47,6 +47,8 @@ export async function startMetricsServer(services: Services, port: number, isPau
       (result) => {
         const headers: Record<string, string> = { 'content-type': result.type };
         if ('challenge' in result) headers['www-authenticate'] = OPERATOR_CHALLENGE;
+        // As the API's 503: when to ask again.
+        if (result.status === 503) headers['retry-after'] = '5';
         response.writeHead(result.status, headers).end(request.method === 'HEAD' ? undefined : result.body);
       },
       (error: unknown) => {
