@@ -381,13 +381,20 @@ describe('bad input gets its reply and stores nothing', () => {
     expect(await submit('From: app@acme.test\r\nSender: ops@acme.test\r\nResent-Sender: x@ACME.test\r\nTo: r@example.com\r\nSubject: own\r\n\r\nhello')).toMatch(/^250 /);
   });
 
-  it('malformed messages: no From, two From addresses, a line over 998 characters, bad tags', async () => {
+  it('malformed messages: no From, two From addresses, a line or a Subject over 998 characters, bad tags', async () => {
     const before = await counts();
     expect(await submit('this is not a message at all')).toMatch(/^554 5\.6\.0 /);
     expect(await submit('From: a@acme.test, b@acme.test\r\nSubject: two\r\n\r\nx')).toMatch(/^554 5\.6\.0 /);
     expect(await submit(`From: a@acme.test\r\nSubject: long\r\n\r\n${'y'.repeat(999)}`)).toMatch(/^554 5\.6\.0 .*998/);
     expect(await submit('From: a@acme.test\r\nX-Mailroom-Tags: bad tag=1\r\nSubject: tags\r\n\r\nx')).toMatch(/^554 5\.6\.0 X-Mailroom-Tags/);
+    // A folded Subject past the API's 998 characters, no line of it over 998.
+    const folded = `Subject: ${Array.from({ length: 20 }, () => 's'.repeat(79)).join('\r\n ')}`;
+    expect(await submit(`From: a@acme.test\r\n${folded}\r\n\r\nx`)).toMatch(/^554 5\.6\.0 Subject is longer than 998/);
     expect(await counts()).toEqual(before);
+    // No Subject at all: taken, with an empty subject.
+    const untitled = await submit('From: app@acme.test\r\nTo: r@example.com\r\n\r\nno subject');
+    expect(untitled).toMatch(/^250 2\.0\.0 OK eml_/);
+    expect((await api('GET', `/emails/${/eml_[0-9a-z]{26}/.exec(untitled)![0]}`)).json().subject).toBe('');
   });
 
   it('a client that disconnects mid-DATA leaves nothing, and the listener keeps serving', async () => {

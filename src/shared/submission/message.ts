@@ -48,6 +48,8 @@ export interface SubmittedMessage {
 /** RFC 5322 2.1.1: a line is at most 998 characters, CRLF excluded. */
 const MAX_LINE = 998;
 const MAX_TAGS = 50;
+// The API's bound on a subject (contract 9), in characters once unfolded.
+const MAX_SUBJECT = 998;
 const TAG_PART = /^[A-Za-z0-9_-]{1,256}$/;
 
 /**
@@ -206,7 +208,10 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
     throw replies.malformed('Message must have a From header with exactly one valid address');
   }
   const from = formatMailbox(fromList[0]!);
+  // Unfolded, the API's bound (contract 9): a folded Subject may run past it with no line
+  // over 998. A message without one is taken with an empty subject (RFC 5322 makes it optional).
   const subject = (mail.subject ?? '').replace(/[\r\n]+/g, ' ');
+  if (subject.length > MAX_SUBJECT) throw replies.malformed(`Subject is longer than ${MAX_SUBJECT} characters (the API's limit)`);
   const html = typeof mail.html === 'string' ? mail.html : '';
   const text = mail.text ?? null;
   if (hasNul(subject) || hasNul(html) || hasNul(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
