@@ -50,6 +50,15 @@ describe('validation messages a person understands', () => {
     expect(infinite.json().message).toBe('limit: must be a whole number written in digits');
   });
 
+  it('names the values an enum takes, in words', async () => {
+    const preset = await post('/tokens', { name: 'x', preset: 'bogus' });
+    expect(preset.statusCode).toBe(422);
+    expect(preset.json().message).toMatch(/^preset: must be one of "[a-z]+"(, "[a-z]+")* or "[a-z]+", got "bogus"$/);
+    const v1 = await ctx.app.inject({ method: 'POST', url: '/api/v1/emails', headers: bearer(token), payload: { from: 'a@acme.test', to: 'b@example.com', subject: 'v', content: 'x', contentType: 'html' } });
+    expect(v1.json().error.message).toBe('contentType: must be one of "MARKDOWN", "HTML" or "TIPTAP", got "html"');
+    for (const res of [preset, v1]) expect(res.body).not.toMatch(/Invalid option/);
+  });
+
   it('says the bounds of a number, a text and a list in words, not in zod\'s notation', async () => {
     const get = (url: string) => ctx.app.inject({ url: `/api/v2${url}`, headers: bearer(token) });
     expect((await get('/emails?limit=0')).json().message).toBe('limit: must be at least 1');

@@ -75,6 +75,7 @@ type Issue = {
   input?: unknown;
   keys?: string[];
   errors?: Issue[][];
+  values?: unknown[];
   message?: string;
   path?: PropertyKey[];
 };
@@ -94,6 +95,14 @@ export function humanMessage(issue: Issue): string | undefined {
     case 'too_small':
     case 'too_big':
       return boundMessage(issue);
+    case 'invalid_value': {
+      // An enum or a literal: the values it takes, in words ("must be one of "A", "B" or "C"").
+      if (issue.input === undefined) return 'is required';
+      const values = (issue.values ?? []).map((v) => JSON.stringify(v));
+      if (values.length === 0) return undefined;
+      const listed = values.length === 1 ? values[0] : `one of ${values.slice(0, -1).join(', ')} or ${values.at(-1)}`;
+      return `must be ${listed}, got ${typeof issue.input === 'string' ? JSON.stringify(issue.input.slice(0, 100)) : kind(issue.input)}`;
+    }
     case 'invalid_union': {
       if (issue.input === undefined) return 'is required';
       // The branch of the input's own kind says what is wrong with it: a list of two
