@@ -60,6 +60,23 @@ describe('a domain the organization has not proven', () => {
     expect((await api('GET', `/campaigns/${id}`)).json().status).toBe('DRAFT');
   });
 
+  it('is named for every item of a batch it refuses, with one message for each, and nothing is written', async () => {
+    const before = await emailCount();
+    const item = (from: string) => ({ from, to: 'r@example.net', subject: 'Hi', html: '<p>x</p>' });
+    const res = await api('POST', '/emails/batch', [item('a@paypal.com'), item('b@paypal.com'), item('Evil <c@nope.test>')]);
+    expect(res.statusCode).toBe(422);
+    const paypal = 'the sending domain paypal.com is NOT_STARTED, not VERIFIED';
+    expect(res.json()).toMatchObject({
+      message: `0.from: ${paypal}`,
+      details: [
+        { path: '0.from', message: paypal },
+        { path: '1.from', message: paypal },
+        { path: '2.from', message: 'the sending domain nope.test is not a domain of this organization' },
+      ],
+    });
+    expect(await emailCount()).toBe(before);
+  });
+
   it('cannot send a campaign test email', async () => {
     const id = await campaignFrom(paypalSender);
     const before = await emailCount();

@@ -1,7 +1,7 @@
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Email } from '../../shared/db/entities/email.js';
-import { assertSendingAllowed } from '../../shared/domains/sending-policy.js';
+import { assertSendingAllowed, assertSendingAllowedForAll } from '../../shared/domains/sending-policy.js';
 import { SendEmailBody, newEmailFromBody } from '../../shared/emails/input.js';
 import { LAST_EVENTS, lastEvent } from '../../shared/emails/last-event.js';
 import { createEmails, getEmail, listEmails, requestHash, type EmailListRow, type Idempotency } from '../../shared/emails/service.js';
@@ -121,9 +121,12 @@ export async function emailsRoutes(app: App): Promise<void> {
     },
     async (request) => {
       const organizationId = request.caller.organizationId;
-      for (const [index, body] of request.body.entries()) {
-        await assertSendingAllowed(request.em, app.services.config, organizationId, body.from, `${index}.from`);
-      }
+      await assertSendingAllowedForAll(
+        request.em,
+        app.services.config,
+        organizationId,
+        request.body.map((body, index) => ({ from: body.from, path: `${index}.from` })),
+      );
       const { ids, replayed } = await createEmails(
         request.em,
         deps,

@@ -50,10 +50,30 @@ export async function assertSendingAllowed(
   path = 'from',
   status: 400 | 422 = 422,
 ): Promise<void> {
-  const problem = await sendingPolicyProblem(em, config, organizationId, from);
-  if (!problem) return;
-  const { shown } = fromDomain(from);
-  throw new ValidationError(`${path}: ${problem}`, [{ path, message: `domain ${shown} is not verified` }], status);
+  await assertSendingAllowedForAll(em, config, organizationId, [{ from, path }], status);
+}
+
+/**
+ * assertSendingAllowed for several senders at once (the batch): every refused one is named in
+ * the error's details, and each distinct sender is looked up once.
+ */
+export async function assertSendingAllowedForAll(
+  em: EntityManager,
+  config: PolicyConfig,
+  organizationId: string,
+  senders: { from: string; path: string }[],
+  status: 400 | 422 = 422,
+): Promise<void> {
+  if (config.allowUnverifiedDomains) return;
+  const problems = new Map<string, string | undefined>();
+  const details: { path: string; message: string }[] = [];
+  for (const { from, path } of senders) {
+    if (!problems.has(from)) problems.set(from, await sendingPolicyProblem(em, config, organizationId, from));
+    const problem = problems.get(from);
+    if (problem) details.push({ path, message: problem });
+  }
+  const [first] = details;
+  if (first) throw new ValidationError(`${first.path}: ${first.message}`, details, status);
 }
 
 /**
