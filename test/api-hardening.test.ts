@@ -161,7 +161,7 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
   });
 
   it('finds a subscriber by an address longer than 100 characters', async () => {
-    const email = `${'a'.repeat(64)}.${'b'.repeat(40)}@${'c'.repeat(60)}.example.com`;
+    const email = `${'a'.repeat(30)}.${'b'.repeat(30)}@${'c'.repeat(60)}.${'d'.repeat(40)}.example.com`;
     const created = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers', headers: bearer(acme.token), payload: { email } });
     expect(created.statusCode).toBe(200);
     const res = await ctx.app.inject({ url: `/api/v2/subscribers/${encodeURIComponent(email)}`, headers: bearer(acme.token) });
@@ -207,15 +207,15 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
 
   it('refuses a document given as JSON text whose parsed text holds U+0000 or an unpaired surrogate (escaped in the text)', async () => {
     const docText = (text: string) => JSON.stringify({ type: 'doc', content: [{ type: 'paragraph', content: [{ type: 'text', text }] }] });
-    const count = async () => (await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select count(*)::int as n from emails`))[0]!.n;
+    const count = async () => (await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select (select count(*) from emails) + (select count(*) from campaigns) as n`))[0]!.n;
     const before = await count();
     for (const text of ['a\u0000b', 'a\ud800b']) {
       // JSON.stringify escapes both: the request's own text holds only `\u0000` or `\ud800`, six characters.
       expect(docText(text)).toMatch(/\\u(0000|d800)/);
-      const cases: [string, object, number, string, string][] = [
-        ['/api/v2/emails', { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', tiptap: docText(text) }, 422, 'tiptap', 'details'],
-        ['/api/v1/emails', { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', contentType: 'TIPTAP', content: docText(text) }, 422, 'content', 'error'],
-        ['/api/v2/campaigns', { name: 'c', subject: 's', contentType: 'MAILY', content: docText(text) }, 422, 'content', 'details'],
+      const cases: [string, object, number, string][] = [
+        ['/api/v2/emails', { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', tiptap: docText(text) }, 422, 'tiptap'],
+        ['/api/v1/emails', { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', contentType: 'TIPTAP', content: docText(text) }, 422, 'content'],
+        ['/api/v2/campaigns', { name: 'c', subject: 's', contentType: 'MAILY', content: docText(text) }, 422, 'content'],
       ];
       for (const [url, payload, status, path] of cases) {
         const res = await ctx.app.inject({ method: 'POST', url, headers: bearer(acme.token), payload });
