@@ -127,11 +127,27 @@ describe('reading reports', () => {
     expect(verdictOf(await readReport(outOfOffice, ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
     const vacation = Buffer.from(`From: ooo1@example.org\r\nSubject: Away\r\nAuto-Submitted: auto-replied (vacation)\r\n\r\nBack soon.\r\n`);
     expect(verdictOf(await readReport(vacation, ''), ONLY_TO)).toMatchObject({ type: 'ignored' });
-    // A daemon known by its name only, or with no domain, or no From at all: still a bounce.
-    for (const from of ['From: Mail Delivery Subsystem <bounces-handler@mx.example>\r\n', 'From: MAILER-DAEMON\r\n', '']) {
+    // Responders that set no Auto-Submitted, known by their own marks or their subject.
+    for (const marks of ['X-Autoreply: yes\r\nSubject: Re: news', 'Precedence: auto_reply\r\nSubject: Re: news', 'Subject: Out of Office: news', 'Subject: Automatic reply: news']) {
+      const reply = Buffer.from(`From: Ann <ann@example.org>\r\n${marks}\r\n\r\nAway. 550 Market Street\r\n`);
+      expect(verdictOf(await readReport(reply, ''), ONLY_TO), marks).toMatchObject({ type: 'ignored' });
+    }
+    // A daemon known by its name, its Exchange mailbox, with no domain, no From at all, or only
+    // by its null sender (a From no list knows, no auto-reply mark): still a bounce.
+    for (const from of [
+      'From: Mail Delivery Subsystem <bounces-handler@mx.example>\r\n',
+      'From: Microsoft Outlook <MicrosoftExchange329e71ec88ae4615bbc36ab6ce41109e@contoso.example>\r\n',
+      'From: MAILER-DAEMON\r\n',
+      '',
+      'From: "Courier mail server at mx.example" <@>\r\n',
+      'From: Mail Robot <robot@mx.example>\r\n',
+    ]) {
       const daemon = Buffer.from(`${from}Subject: failure\r\n\r\nremote said: 550 no such user\r\n`);
       expect(verdictOf(await readReport(daemon, ''), ONLY_TO), from).toMatchObject({ type: 'bounced', bounceType: 'hard' });
     }
+    // The same from a person's envelope sender is no bounce.
+    const personal = Buffer.from(`From: Mail Robot <robot@mx.example>\r\nSubject: failure\r\n\r\nremote said: 550 no such user\r\n`);
+    expect(verdictOf(await readReport(personal, 'robot@mx.example'), ONLY_TO)).toMatchObject({ type: 'ignored' });
     const bare550 = Buffer.from(`From: Mail Delivery System <MAILER-DAEMON@mx.example>\r\nSubject: failure\r\n\r\nremote said: 550 no such user\r\n`);
     expect(verdictOf(await readReport(bare550, ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: 'remote said: 550 no such user' });
   });

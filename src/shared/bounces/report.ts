@@ -1,4 +1,4 @@
-import { simpleParser, type Attachment } from 'mailparser';
+import { simpleParser, type Attachment, type ParsedMail } from 'mailparser';
 import { bareAddress, bareMessageId, parseFieldBlocks, parseHeaderBlock, type Fields } from './fields.js';
 
 /** One recipient block of an RFC 3464 delivery status notification. */
@@ -32,9 +32,15 @@ const STATUS_IN_TEXT = /\b([245])\.\d{1,3}\.\d{1,3}\b/g;
 const REPLY_550 = /\b550\b/;
 /** Unstructured bounces are read from their first part of text only. */
 const TEXT_LIMIT = 64 * 1024;
-const DAEMON_LOCAL_PARTS = new Set(['mailer-daemon', 'postmaster', 'mail-daemon', 'mailerdaemon', 'mdaemon']);
+const DAEMON_LOCAL_PARTS = new Set(['mailer-daemon', 'mailer_daemon', 'postmaster', 'mail-daemon', 'mailerdaemon', 'mdaemon']);
+// Exchange's system mailbox (`MicrosoftExchange329e71ec…@`).
+const DAEMON_LOCAL_PREFIX = 'microsoftexchange';
 // The names MTAs give their bounces' From (`Mail Delivery Subsystem <MAILER-DAEMON@...>`).
-const DAEMON_NAME = /^(?:mail delivery (?:sub)?system|mailer-daemon|postmaster|mail administrator)$/i;
+const DAEMON_NAME = /^(?:mail delivery (?:sub)?system|mail delivery service|mailer-daemon|postmaster|mail administrator|system administrator)$/i;
+// RFC 3834 auto-replies and the markers responders add besides (Exchange's out-of-office,
+// Sieve's vacation, webmail responders), read only when the From is no daemon's.
+const AUTO_REPLY_HEADERS = ['x-autoreply', 'x-autorespond', 'x-auto-response-suppress'];
+const AUTO_REPLY_SUBJECT = /^\s*(?:auto(?:matic)?[ -]?(?:reply|response)|out of (?:the )?office|auto:|away:)/i;
 // Where an unstructured bounce's own words end and its copy of the returned message begins:
 // the separators qmail, Exim, sendmail, Postfix and webmail bounces write, or the first line
 // of a quoted header block. A status or a 550 in the copy is the customer's text (a version
@@ -165,15 +171,32 @@ export async function readWithMailparser(raw: Buffer, mailFrom: string): Promise
   }
 
   const text = ownText((mail.text ?? '').slice(0, TEXT_LIMIT));
-  // A mailer-daemon by its From (RFC 3464's reporting MTA speaks as one): a null envelope
-  // sender alone is not enough, since RFC 3834 auto-replies (an out-of-office, a Sieve
-  // vacation) are sent with one too, from the person, and a "550 Market Street" in their
-  // signature is no 550. A null sender with no From at all is a daemon's.
+  // A mailer-daemon by its From, or by its null envelope sender unless the message says it is
+  // an auto-reply: RFC 3834 auto-replies (an out-of-office, a Sieve vacation) carry a null
+  // sender too, from the person, and a "550 Market Street" in their signature is no 550.
   const author = mail.from?.value[0];
   const from = author?.address?.toLowerCase() ?? '';
   const local = from.includes('@') ? from.slice(0, from.lastIndexOf('@')) : from;
-  const fromDaemon = DAEMON_LOCAL_PARTS.has(local) || DAEMON_NAME.test(author?.name?.trim() ?? '') || (mailFrom === '' && from === '');
+  const daemonByFrom = DAEMON_LOCAL_PARTS.has(local) || local.startsWith(DAEMON_LOCAL_PREFIX) || DAEMON_NAME.test(author?.name?.trim() ?? '');
+  const fromDaemon = daemonByFrom || (mailFrom === '' && !isAutoReply(mail));
   return { content: { kind: 'unstructured', fromDaemon, status: statusInText(text), text }, originalMessageId, loop };
+}
+
+/** A header of a parsed message as text, lower-cased (mailparser keeps some as `{ value }`). */
+function headerText(mail: ParsedMail, name: string): string | undefined {
+  const value = mail.headers.get(name);
+  if (value === undefined) return undefined;
+  const text = typeof value === 'object' && value !== null && 'value' in value ? String(value.value) : String(value);
+  return text.trim().toLowerCase();
+}
+
+/** Whether a message says it is an automatic reply (RFC 3834 `Auto-Submitted`, or a responder's own marks). */
+function isAutoReply(mail: ParsedMail): boolean {
+  const submitted = headerText(mail, 'auto-submitted');
+  if (submitted !== undefined && submitted !== 'no') return true;
+  if (AUTO_REPLY_HEADERS.some((name) => mail.headers.has(name))) return true;
+  if (headerText(mail, 'precedence') === 'auto_reply') return true;
+  return AUTO_REPLY_SUBJECT.test(mail.subject ?? '');
 }
 
 function partText(part: Attachment): string {
