@@ -78,6 +78,7 @@ describe('POST /api/v2/emails (docs/emails.md "Validation")', () => {
     ['a leading dot in the local part', { ...base, to: 'Jane <.jane@example.com>' }, 'to'],
     ['a trailing dot in the local part', { ...base, cc: ['jane.@example.com'] }, 'cc.0'],
     ['a local part over 64 characters', { ...base, to: `${'a'.repeat(65)}@example.com` }, 'to'],
+    ['a control character in the local part', { ...base, to: 'a\u0001b@example.com' }, 'to'],
     ['a subject with CR/LF', { ...base, subject: 'Hi\r\nBcc: x@evil.test' }, 'subject'],
     ['a missing subject', { ...base, subject: undefined }, 'subject'],
     ['a subject over 998 characters', { ...base, subject: 's'.repeat(999) }, 'subject'],

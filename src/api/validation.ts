@@ -41,10 +41,8 @@ function kind(value: unknown): string {
   if (Array.isArray(value)) return `a list of ${value.length}`;
   if (typeof value === 'object') return 'an object';
   if (typeof value === 'string') return 'a string';
-  // NaN: a query parameter coerced from text that is not a number (`limit=abc`).
   if (typeof value === 'number') {
-    if (Number.isNaN(value)) return 'text that is not a number';
-    // `1e400` in JSON, `Infinity` in a query: no number a field can hold.
+    // `1e400` in JSON: no number a field can hold.
     if (!Number.isFinite(value)) return 'a number out of range';
     return Number.isInteger(value) ? 'a whole number' : 'a number';
   }

@@ -1,11 +1,11 @@
 import addressparser from 'nodemailer/lib/addressparser/index.js';
 import { addressDomain } from '../domains/hostname.js';
 
-// Pragmatic RFC 5321 mailbox: a local part of 1 to 64 characters without spaces, brackets or
-// separators, its dots single and inside it (a dot-string: `a..b@`, `.a@`, `a.@` are no
+// Pragmatic RFC 5321 mailbox: a local part of 1 to 64 characters without spaces, control
+// characters, brackets or separators, its dots single and inside it (a dot-string: `a..b@`, `.a@`, `a.@` are no
 // mailbox, and the verifier says so too), and a dotted host name of LDH labels (IDN hosts must
 // be given in their xn-- form). Atoms exclude the dot: the match stays linear.
-const ADDRESS = /^(?=[^@]{1,64}@)[^\s@<>()[\],;:"\\.]+(?:\.[^\s@<>()[\],;:"\\.]+)*@(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$/;
+const ADDRESS = /^(?=[^@]{1,64}@)[^\s\x00-\x1f\x7f@<>()[\],;:"\\.]+(?:\.[^\s\x00-\x1f\x7f@<>()[\],;:"\\.]+)*@(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$/;
 
 export interface Mailbox {
   name: string;
@@ -38,7 +38,9 @@ export function hasLineBreak(value: string): boolean {
  * Returns undefined when the value is not one well-formed mailbox.
  */
 export function parseMailbox(value: string): Mailbox | undefined {
-  if (hasLineBreak(value)) return undefined;
+  // addressparser drops control characters: `a\x01b@x` would pass as `ab@x` and be kept as
+  // written. A tab is whitespace a header may hold.
+  if (hasLineBreak(value) || /[\x00-\x08\x0a-\x1f\x7f]/.test(value)) return undefined;
   const trimmed = value.trim();
   if (isAddress(trimmed)) return { name: '', address: trimmed };
   const parsed = addressparser(trimmed, { flatten: false });

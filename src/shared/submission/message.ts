@@ -188,7 +188,7 @@ function tagsOf(mail: ParsedMail): EmailTag[] {
 }
 
 // Text PostgreSQL cannot store (a NUL; an unpaired surrogate, which a UTF-16 part can decode to).
-const hasNul = (value: string | null | undefined) => value !== null && value !== undefined && unstorable(value);
+const unstorableText = (value: string | null | undefined) => value !== null && value !== undefined && unstorable(value);
 
 /**
  * Reads a message as received after DATA. Throws an SmtpReplyError (554 5.6.0) for a
@@ -214,7 +214,7 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   if (subject.length > MAX_SUBJECT) throw replies.malformed(`Subject is longer than ${MAX_SUBJECT} characters (the API's limit)`);
   const html = typeof mail.html === 'string' ? mail.html : '';
   const text = mail.text ?? null;
-  if (hasNul(subject) || hasNul(html) || hasNul(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
+  if (unstorableText(subject) || unstorableText(html) || unstorableText(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
   const tags = tagsOf(mail);
 
   // The mapping of docs/smtp.md "From a message to an email". Without any To address
@@ -238,7 +238,7 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
     }),
   );
   const headers = keptHeaders(mail);
-  if (headers.some(([name, value]) => hasNul(name) || hasNul(value)) || attachments.some((a) => hasNul(a.filename) || hasNul(a.contentType) || hasNul(a.contentId))) {
+  if (headers.some(([name, value]) => unstorableText(name) || unstorableText(value)) || attachments.some((a) => unstorableText(a.filename) || unstorableText(a.contentType) || unstorableText(a.contentId))) {
     throw replies.malformed('Message headers contain NUL characters or unpaired surrogates');
   }
   return {
