@@ -46,7 +46,12 @@ const DomainListItem = z.object({
 }).meta({ id: 'DomainListItem' });
 
 export const CreateDomainBody = z.object({
-  domain: z.string().min(1).max(253),
+  // 253 characters in all (RFC 1035), the root's trailing dot aside (`example.com.`).
+  domain: z
+    .string()
+    .min(1)
+    .max(254, { message: 'must be at most 253 characters', abort: true })
+    .refine((value) => value.replace(/\.$/, '').length <= 253, 'must be at most 253 characters'),
   region: z
     .string()
     .regex(/^[a-z0-9-]{1,32}$/, 'lower-case letters, digits and -, at most 32')

@@ -45,8 +45,8 @@ export function nextPendingCheck(pendingSince: Date, now: Date): Date {
   const age = now.getTime() - pendingSince.getTime();
   const interval = age < HOUR ? MINUTE : age < 6 * HOUR ? 10 * MINUTE : age < 24 * HOUR ? 30 * MINUTE : HOUR;
   const deadline = pendingSince.getTime() + PENDING_LIMIT_MS;
-  // Past the deadline only temporary DNS failures keep a domain PENDING: look hourly.
-  if (now.getTime() >= deadline) return new Date(now.getTime() + HOUR);
+  // Past the deadline (a check that found it unreachable or late): the next look fails it.
+  if (now.getTime() >= deadline) return now;
   return new Date(Math.min(now.getTime() + interval, deadline));
 }
 
@@ -70,7 +70,11 @@ function satisfies(record: DomainDnsRecord, published: string[]): boolean {
       return published.some((txt) => {
         const tags = parseTags(txt);
         const version = tags.get('v');
-        return (version === undefined || version === 'DKIM1') && tags.get('p') === wanted;
+        // A key receivers can use for our signatures (RFC 6376 3.6.1): an RSA key (`k=` absent
+        // or rsa), whose hash algorithms (`h=`, absent for all) include sha256.
+        const keyType = (tags.get('k') ?? 'rsa').trim().toLowerCase();
+        const hashes = tags.get('h')?.split(':').map((h) => h.trim().toLowerCase());
+        return (version === undefined || version === 'DKIM1') && keyType === 'rsa' && (hashes === undefined || hashes.includes('sha256')) && tags.get('p') === wanted;
       });
     }
     case 'spf': {
@@ -78,14 +82,14 @@ function satisfies(record: DomainDnsRecord, published: string[]): boolean {
       // may add their own, and may choose another `all` qualifier).
       // As receivers evaluate it (RFC 7208): one v=spf1 record at the name (two are a
       // permerror), and our mechanisms before its `all` (nothing after `all` is evaluated).
-      const wanted = normalizeTxt(record.value)
-        .split(' ')
-        .filter((t) => t !== 'v=spf1' && !/^[~?+-]?all$/.test(t));
-      const spf = published.map((txt) => normalizeTxt(txt).split(' ')).filter((terms) => terms[0] === 'v=spf1');
+      // `+` is the default qualifier (RFC 7208 4.6.2): `+a:host` is `a:host`.
+      const terms = (txt: string) => normalizeTxt(txt).split(' ').map((t) => t.replace(/^\+(?!all$)/, ''));
+      const wanted = terms(record.value).filter((t) => t !== 'v=spf1' && !/^[~?+-]?all$/.test(t));
+      const spf = published.map(terms).filter((list) => list[0] === 'v=spf1');
       if (spf.length !== 1) return false;
-      const terms = spf[0]!;
-      const all = terms.findIndex((t) => /^[~?+-]?all$/.test(t));
-      const evaluated = all < 0 ? terms : terms.slice(0, all);
+      const found = spf[0]!;
+      const all = found.findIndex((t) => /^[~?+-]?all$/.test(t));
+      const evaluated = all < 0 ? found : found.slice(0, all);
       return wanted.every((t) => evaluated.includes(t));
     }
     case 'dmarc':
@@ -133,13 +137,16 @@ export function applyChecks(domain: Domain, checks: RecordCheck[], now: Date): v
     if (definitelyMissing.length > 0) next = 'PENDING';
   } else if (domain.status === 'PENDING') {
     const since = domain.pendingSince ?? now;
-    if (definitelyMissing.length > 0 && now.getTime() - since.getTime() >= PENDING_LIMIT_MS) next = 'FAILED';
+    // Contract 12: FAILED after 72 hours pending, whatever kept it so: a name whose lookup has
+    // failed for three days (a lame delegation, a broken zone) is as unverified as a wrong record.
+    if (now.getTime() - since.getTime() >= PENDING_LIMIT_MS) next = 'FAILED';
   }
 
   const recordStatus = (c: RecordCheck): DomainStatus => {
     if (c.finding === 'found') return 'VERIFIED';
+    if (next === 'FAILED' && REQUIRED.has(c.record.purpose)) return 'FAILED';
     if (c.finding === 'temporary') return c.record.status;
-    return next === 'FAILED' && REQUIRED.has(c.record.purpose) ? 'FAILED' : 'PENDING';
+    return 'PENDING';
   };
   domain.dnsRecords = checks.map((c) => ({ ...c.record, status: recordStatus(c) }));
   domain.lastCheckedAt = now;
@@ -154,7 +161,7 @@ export function applyChecks(domain: Domain, checks: RecordCheck[], now: Date): v
     domain.message = null;
     domain.nextCheckAt = new Date(now.getTime() + 10 * MINUTE);
   } else if (next === 'FAILED') {
-    domain.message = `Verification failed: the records were not found within 72 hours (${definitelyMissing.map((c) => c.detail).join('; ')}). Fix them and call verify again.`;
+    domain.message = `Verification failed: the records were not found within 72 hours (${[...definitelyMissing, ...temporary].map((c) => c.detail).join('; ')}). Fix them and call verify again.`;
     domain.nextCheckAt = null;
   } else {
     const demoted = domain.status === 'VERIFIED';
