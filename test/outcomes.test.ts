@@ -147,9 +147,34 @@ describe('lifecycle over SMTP', () => {
       [id],
     );
     expect(event).toMatchObject({ user_agent: 'MailClient/1.0', url: null });
-    // The provider's delivery proves the mailbox (opens and clicks do not: docs/security.md).
+    // The provider's delivery proves the mailbox (and the open of an email to it alone).
     const [history] = await sql<{ proven_at: Date | null }>(`select proven_at from verification_history where email = 'jane@example.com'`);
     expect(history?.proven_at).toBeTruthy();
+  });
+
+  it('an open proves the mailbox of an email that went to it alone (contract 13), not of one with a copy', async () => {
+    const proven = async (address: string) =>
+      (await sql<{ proven_at: Date | null }>(`select proven_at from verification_history where email = ?`, [address]))[0]?.proven_at ?? null;
+    const alone = await send('alone@example.com');
+    await expectLastEvent(alone, 'sent');
+    const pixel = /<img src="([^"]+)"/.exec(await receivedHtml((await getEmail(alone)).message_id))![1]!;
+    expect((await ctx.app.inject({ url: localPath(pixel) })).statusCode).toBe(200);
+    await expectLastEvent(alone, 'opened');
+    expect(await until(() => proven('alone@example.com'), (at) => at !== null)).toBeTruthy();
+
+    // With a bcc (to oneself, say) the same pixel is in another copy: it proves nothing of `to`.
+    const copied = await ctx.app.inject({
+      method: 'POST',
+      url: '/api/v2/emails',
+      headers: bearer(token),
+      payload: { from: 'Acme <news@acme.test>', to: 'nobody-there@example.com', bcc: ['me@acme.test'], subject: 'Hi', html: '<p>Hello</p>' },
+    });
+    const id = copied.json().id as string;
+    await expectLastEvent(id, 'sent');
+    const copiedPixel = /<img src="([^"]+)"/.exec(await receivedHtml((await getEmail(id)).message_id))![1]!;
+    expect((await ctx.app.inject({ url: localPath(copiedPixel) })).statusCode).toBe(200);
+    await expectLastEvent(id, 'opened');
+    expect(await proven('nobody-there@example.com')).toBeNull();
   });
 
   it('counts a click as the open when no open was seen (images blocked)', async () => {

@@ -44,6 +44,12 @@ export interface FirstEngagement {
   id: string;
   /** The campaign whose counters it moves: a campaign email's, not a test send's (source `test`). */
   campaign_id: string | null;
+  /**
+   * The bare `to` address this engagement proves a mailbox for (contract 13), or null: only an
+   * email handed over to its one recipient (no cc, no bcc: no other copy carries its pixel and
+   * links, a bcc to oneself included) and not bounced.
+   */
+  proves: string | null;
 }
 
 /**
@@ -57,7 +63,10 @@ export async function setFirstEngagement(em: EntityManager, kind: 'open' | 'clic
     `update emails e set ${column} = f.at, updated_at = now()
      from jsonb_to_recordset(?::jsonb) as f(id text, at timestamptz)
      where e.id = f.id and e.${column} is null
-     returning e.id, case when e.source = 'campaign' then e.campaign_id end as campaign_id`,
+     returning e.id, case when e.source = 'campaign' then e.campaign_id end as campaign_id,
+       case when e.status = 'sent' and e.delivery_status is distinct from 'bounced'
+         and coalesce(jsonb_array_length(e.cc), 0) = 0 and coalesce(jsonb_array_length(e.bcc), 0) = 0
+         then email_bare_address(e.to_address) end as proves`,
     [JSON.stringify(candidates)],
   );
 }

@@ -3,7 +3,8 @@ import type { Orm } from '../db/orm.js';
 import type { Logger } from '../logger.js';
 import { recordCampaignEngagement } from './campaigns.js';
 import { recordTrackingEvents } from '../webhooks/queries.js';
-import { insertTrackingEvents, insertTrackingEventsOnce, setFirstEngagement, type TrackingEventColumns } from './queries.js';
+import { historyKey } from '../verification/history.js';
+import { insertTrackingEvents, insertTrackingEventsOnce, setFirstEngagement, upsertHistory, type HistoryOutcomes, type TrackingEventColumns } from './queries.js';
 
 export interface TrackingHit {
   emailId: string;
@@ -192,9 +193,12 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
     }
     return [...first].map(([id, at]) => ({ id, at: at.toISOString() }));
   };
+  // When each email's first open or click happened, for the history it proves.
+  const firstAt = new Map<string, string>();
   const firsts = async (type: 'open' | 'click') => {
     const candidates = earliest(type);
     if (candidates.length === 0) return [];
+    for (const { id, at } of candidates) if (!(firstAt.get(id)! <= at)) firstAt.set(id, at);
     return setFirstEngagement(em, type, candidates);
   };
   // Two batches locking the same rows in opposite orders may deadlock: PostgreSQL aborts
@@ -209,8 +213,16 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
     for (const row of rows) if (row.campaign_id) perCampaign.set(row.campaign_id, (perCampaign.get(row.campaign_id) ?? 0) + 1);
     for (const [campaignId, count] of perCampaign) await recordCampaignEngagement(em, campaignId, kind, count);
   }
-  // Opens and clicks do not feed the global verification history (docs/security.md): every
-  // copy of an email (a bcc to oneself) carries the same pixel and links, so an open proves
-  // nothing about the `to` address, and one tenant could mark any address deliverable for
-  // every organization. Only the provider's delivery, hard bounces and complaints do.
+  // Contract 13: an open or a click proves the mailbox of an email that went to it alone
+  // (docs/security.md: with a cc or a bcc, another copy carries the same pixel and links, and a
+  // tenant could mark any address deliverable for every organization with a bcc to itself).
+  const proven = new Map<string, HistoryOutcomes>();
+  for (const row of [...opened, ...clicked]) {
+    if (!row.proves) continue;
+    const key = historyKey(row.proves);
+    const at = new Date(firstAt.get(row.id)!);
+    const known = proven.get(key.email);
+    if (!known || known.proven_at! < at) proven.set(key.email, { ...key, hard_bounced_at: null, complained_at: null, mailbox_full_at: null, mailbox_not_found_at: null, proven_at: at });
+  }
+  await upsertHistory(em, [...proven.values()], new Date());
 }
