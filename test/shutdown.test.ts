@@ -1,3 +1,4 @@
+import { writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import { createServer, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -222,6 +223,9 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
 
   it('exits 1 with one line naming the setting when a port is in use or a file it names cannot be read', async () => {
     const { keyFile, certFile } = await selfSignedCertificate('startup');
+    // A file that is there and readable but holds no PEM at all.
+    const notPem = `${certFile}.txt`;
+    await writeFile(notPem, 'not a certificate\n');
     const taken = createServer();
     await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
     const { port } = taken.address() as { port: number };
@@ -234,7 +238,7 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
         ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', SMTP_TLS_CERT_FILE: '/nonexistent/cert.pem', SMTP_TLS_KEY_FILE: '/nonexistent/key.pem' }, /^mailroom: SMTP_TLS_KEY_FILE: cannot read/],
         // Files that are there but are not a certificate and its key (swapped, not PEM).
         ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', SMTP_TLS_CERT_FILE: keyFile, SMTP_TLS_KEY_FILE: certFile }, /^mailroom: SMTP_TLS_CERT_FILE, SMTP_TLS_KEY_FILE: not a PEM certificate and its private key/],
-        ['src/inbound/main.ts', { INBOUND_SMTP_PORT: '0', INBOUND_TLS_KEY: '/etc/hostname', INBOUND_TLS_CERT: '/etc/hostname' }, /^mailroom: INBOUND_TLS_CERT, INBOUND_TLS_KEY: not a PEM certificate/],
+        ['src/inbound/main.ts', { INBOUND_SMTP_PORT: '0', INBOUND_TLS_KEY: notPem, INBOUND_TLS_CERT: notPem }, /^mailroom: INBOUND_TLS_CERT, INBOUND_TLS_KEY: not a PEM certificate/],
         ['src/smtp/main.ts', { SMTP_SUBMISSION_PORT: '0', WORKER_METRICS_PORT: String(port) }, /^mailroom: WORKER_METRICS_PORT: .* is already in use/],
       ];
       for (const [entry, env, message] of cases) {

@@ -1,3 +1,5 @@
+import { ValidationError } from './errors.js';
+
 /**
  * Text PostgreSQL cannot store: U+0000 (in text and jsonb), or a UTF-16 surrogate without its
  * pair (`"\ud800"` is valid JSON, and jsonb refuses it: 22P02). Every input is checked for it
@@ -7,6 +9,11 @@
 export const unstorable = (text: string): boolean => text.includes('\0') || !text.isWellFormed();
 
 export const UNSTORABLE_MESSAGE = 'must not contain a NUL character (U+0000) or an unpaired UTF-16 surrogate (such as \\ud800)';
+
+/** The validation error of unstorable text found at `where` (a field's path), as every interface answers it. */
+export function unstorableError(where: string, status?: number): ValidationError {
+  return new ValidationError(`${where}: ${UNSTORABLE_MESSAGE}`, [{ path: where, message: UNSTORABLE_MESSAGE }], status);
+}
 
 /**
  * The path (`a.b.0`, as validation details name it) of the first string holding unstorable

@@ -5,8 +5,8 @@ import multipart from '@fastify/multipart';
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
-import { AppError, NotFoundError, ValidationError } from '../../shared/errors.js';
-import { UNSTORABLE_MESSAGE, unstorablePath } from '../../shared/storable.js';
+import { AppError, NotFoundError } from '../../shared/errors.js';
+import { unstorableError, unstorablePath } from '../../shared/storable.js';
 import { checkPassword, PASSWORD_MAX } from '../../shared/users/service.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
 import type { App } from '../types.js';
@@ -154,7 +154,7 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
   // from another site is refused as such). A CSV upload's content is checked by the import.
   app.addHook('preHandler', async (request) => {
     const where = unstorablePath(request.query, 'query') ?? (request.isMultipart() || request.body === undefined ? undefined : unstorablePath(request.body, 'form'));
-    if (where) throw new ValidationError(`${where}: ${UNSTORABLE_MESSAGE}`, [{ path: where, message: UNSTORABLE_MESSAGE }]);
+    if (where) throw unstorableError(where);
   });
 
   app.setErrorHandler((error: Error & { statusCode?: number }, request, reply) => {

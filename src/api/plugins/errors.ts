@@ -1,8 +1,8 @@
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors, isResponseSerializationError } from 'fastify-type-provider-zod';
 import { isDependencyDown } from '../../shared/dependency-errors.js';
-import { AppError, AuthenticationError, NotFoundError, ValidationError, type ErrorDetail } from '../../shared/errors.js';
-import { UNSTORABLE_MESSAGE, unstorablePath } from '../../shared/storable.js';
+import { AppError, AuthenticationError, NotFoundError, type ErrorDetail } from '../../shared/errors.js';
+import { unstorableError, unstorablePath } from '../../shared/storable.js';
 import type { App } from '../types.js';
 
 export interface ErrorBody {
@@ -88,7 +88,7 @@ function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?:
   if (unstorablePath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character or an unpaired surrogate'));
   const where = unstorablePath(request.query, 'querystring') ?? (request.body === undefined ? undefined : unstorablePath(request.body, 'body'));
   if (!where) return done();
-  done(new ValidationError(`${where}: ${UNSTORABLE_MESSAGE}`, [{ path: where, message: UNSTORABLE_MESSAGE }], request.routeOptions.config?.validationStatus ?? 422));
+  done(unstorableError(where, request.routeOptions.config?.validationStatus ?? 422));
 }
 
 /**

@@ -65,11 +65,13 @@ export async function assertSendingAllowedForAll(
   status: 400 | 422 = 422,
 ): Promise<void> {
   if (config.allowUnverifiedDomains) return;
+  // By domain: a batch of a hundred senders of one domain is one lookup.
   const problems = new Map<string, string | undefined>();
   const details: { path: string; message: string }[] = [];
   for (const { from, path } of senders) {
-    if (!problems.has(from)) problems.set(from, await sendingPolicyProblem(em, config, organizationId, from));
-    const problem = problems.get(from);
+    const key = fromDomain(from).hostname ?? from;
+    if (!problems.has(key)) problems.set(key, await sendingPolicyProblem(em, config, organizationId, from));
+    const problem = problems.get(key);
     if (problem) details.push({ path, message: problem });
   }
   const [first] = details;
