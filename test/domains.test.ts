@@ -518,6 +518,23 @@ describe('DKIM signing and the unverified-domain rule', () => {
     expect(await dkimOptionsFor(em, ctx.services.box, 'org_other', 'signed.example', cache)).toBeNull();
   });
 
+  it('forgets a cached key (or its absence) in every subscribed process as soon as a domain is added or deleted', async () => {
+    const em = ctx.services.orm.em.fork();
+    // A sending process's cache (its own subscription), not the API's.
+    const cache = new DkimKeyCache();
+    await cache.start(ctx.services);
+    try {
+      expect(await dkimOptionsFor(em, ctx.services.box, organizationId, 'news@announced.example', cache)).toBeNull();
+      const created = await addDomain('announced.example');
+      const found = await waitFor(() => dkimOptionsFor(ctx.services.orm.em.fork(), ctx.services.box, organizationId, 'news@announced.example', cache), (o) => o !== null, 3_000);
+      expect(found).toMatchObject({ domainName: 'announced.example', keySelector: created.dnsRecords.find((r) => r.purpose === 'dkim')!.name.split('.')[0] });
+      expect((await api('DELETE', `/domains/${created.id}`)).statusCode).toBe(200);
+      expect(await waitFor(() => dkimOptionsFor(ctx.services.orm.em.fork(), ctx.services.box, organizationId, 'news@announced.example', cache), (o) => o === null, 3_000)).toBeNull();
+    } finally {
+      cache.close();
+    }
+  });
+
   it('with ALLOW_UNVERIFIED_DOMAINS=false refuses a domain that is not VERIFIED, naming it', async () => {
     const em = ctx.services.orm.em.fork();
     const strict = { allowUnverifiedDomains: false };

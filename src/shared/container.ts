@@ -137,7 +137,11 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     mailer: createMailTransport(config.mail, {
       // Mail from a domain of the organization is signed with that domain's key
       // (docs/domains.md "DKIM signing").
-      dkim: async (fromDomain, organizationId) => (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain, dkimKeys)) ?? undefined,
+      // A process that signs hears of added and deleted domains from its first signature on.
+      dkim: async (fromDomain, organizationId) => {
+        void dkimKeys.start({ redis, config, logger });
+        return (await dkimOptionsFor(() => orm.em.fork(), box, organizationId, fromDomain, dkimKeys)) ?? undefined;
+      },
       // VERP: bounces come back to a per-email address (docs/outcomes.md).
       returnPath: (emailId, fromDomain, ownDomain) => returnPaths.address(emailId, returnPathHost(fromDomain, ownDomain, config.inbound.bounceDomain)),
       logger,
@@ -204,6 +208,7 @@ export async function closeServices(services: Services): Promise<void> {
   await services.closeState().catch((error: unknown) => services.logger.warn({ err: error }, 'process state did not stop cleanly'));
   await services.producer.close().catch(() => {});
   services.redis.disconnect();
+  services.dkimKeys.close();
   services.mailer.close();
   await services.render.close().catch(() => {});
   await services.orm.close(true);

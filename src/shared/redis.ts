@@ -1,4 +1,5 @@
 import { Redis, type RedisOptions } from 'ioredis';
+import type { Logger } from './logger.js';
 
 // How long the fail-fast connection waits for a reply before the command fails (then 503).
 const PRODUCER_COMMAND_TIMEOUT_MS = 3_000;
@@ -69,4 +70,39 @@ export async function settleConnection(redis: Redis, timeoutMs = 3_000): Promise
     redis.on('ready', onReady);
     redis.on('error', onError);
   });
+}
+
+/**
+ * Listens to one announcement channel (PUBLISH) on a connection of its own, for a process's
+ * caches. `up` once the subscription holds; `down` when the connection closes, as
+ * announcements may then be missed (no automatic resubscription: the next `ready` subscribes
+ * again); `message` with each announcement's text (an organization id).
+ */
+export function subscribeAnnouncements(
+  services: { redis: Redis; logger: Pick<Logger, 'debug'> },
+  channel: string,
+  what: string,
+  on: { up?(): void; down(): void; message(text: string): void },
+): Redis {
+  const subscriber = services.redis.duplicate({ autoResubscribe: false, commandTimeout: undefined });
+  subscriber.on('error', (error) => services.logger.debug({ err: error }, `${what} subscriber error`));
+  subscriber.on('ready', () => {
+    subscriber.subscribe(channel).then(
+      () => on.up?.(),
+      () => {},
+    );
+  });
+  subscriber.on('close', () => on.down());
+  subscriber.on('message', (_channel: string, text: string) => on.message(text));
+  return subscriber;
+}
+
+/** Publishes an announcement; resolves false (never throws) when Redis is down. */
+export async function announce(redis: Redis, channel: string, text: string): Promise<boolean> {
+  try {
+    await redis.publish(channel, text);
+    return true;
+  } catch {
+    return false;
+  }
 }

@@ -1,3 +1,4 @@
+import { announceDomainChange } from '../../shared/domains/dkim.js';
 import { createSender, listSenders } from '../../shared/domains/senders.js';
 import { createDomain, findDomain, listDomains, mailHostOf, verifyDomain } from '../../shared/domains/service.js';
 import { CreateDomainBody, CreateSenderBody } from '../routes/domains.js';
@@ -35,6 +36,7 @@ ${table('Domains', ['Domain', 'Status', 'Senders', 'Added'], rows)}`;
     const { caller } = signedIn(request, 'domains');
     const input = parseWith(CreateDomainBody, { domain: optional(formOf(request).domain) ?? '' });
     const domain = await createDomain(request.em, services.box, caller.organizationId, mailHost, input, services.clock(), services.config.maxDomainsPerOrganization);
+    await announceDomainChange(services.redis, services.config, caller.organizationId);
     return reply.redirect(`/app/domains/${domain.id}?notice=created`, 303);
   });
 

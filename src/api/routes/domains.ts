@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import type { Domain, Sender } from '../../shared/db/entities/index.js';
+import { announceDomainChange } from '../../shared/domains/dkim.js';
 import { createSender, getSender, listSenders } from '../../shared/domains/senders.js';
 import {
   createDomain,
@@ -114,6 +115,8 @@ export async function domainsRoutes(app: App): Promise<void> {
         app.services.clock(),
         app.services.config.maxDomainsPerOrganization,
       );
+      // Sending processes that cached "no such domain" sign its mail from now on.
+      await announceDomainChange(app.services.redis, app.services.config, request.caller.organizationId);
       return presentDomain(domain);
     },
   );
@@ -185,6 +188,8 @@ export async function domainsRoutes(app: App): Promise<void> {
     },
     async (request) => {
       const domain = await deleteDomain(request.em, request.caller.organizationId, request.params.domain);
+      // Sending processes stop signing with its key now, not when their cache expires.
+      await announceDomainChange(app.services.redis, app.services.config, request.caller.organizationId);
       return { object: 'domain' as const, id: domain.id, deleted: true as const };
     },
   );

@@ -1,6 +1,10 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import type { Redis } from 'ioredis';
 import { LRUCache } from 'lru-cache';
 import type { Config } from '../config.js';
+import { redisKey } from '../container.js';
+import type { Logger } from '../logger.js';
+import { announce, subscribeAnnouncements } from '../redis.js';
 import type { SecretBox } from '../crypto.js';
 import { Domain } from '../db/entities/index.js';
 import { addressDomain, normalizeHostname } from './hostname.js';
@@ -42,7 +46,9 @@ export const DKIM_SIGNED_HEADERS = [
 ].join(':');
 
 // How long a sending process keeps a domain's key (or its absence) in memory: a send
-// costs no query and no decryption, and a new or deleted domain is seen within a minute.
+// costs no query and no decryption. A backstop: a domain added or deleted is announced
+// (`announceDomainChange`) and every subscribed process forgets the organization's entries
+// at once; only an announcement missed while Redis was unreachable waits for this.
 const CACHE_TTL_MS = 60_000;
 const CACHE_MAX = 5_000;
 
@@ -50,12 +56,48 @@ interface Entry {
   value: DkimSigningOptions | null;
 }
 
-/** A small in-process LRU of DKIM options by (organization, domain), entries kept CACHE_TTL_MS (lru-cache). */
+/** The channel on which an organization id is announced when one of its domains is added or deleted. */
+export function domainChangesChannel(config: Pick<Config, 'redisPrefix'>): string {
+  return redisKey(config, 'domains-changed');
+}
+
+/** Announces that an organization's domains changed (after the commit); false when Redis is down. */
+export function announceDomainChange(redis: Redis, config: Pick<Config, 'redisPrefix'>, organizationId: string): Promise<boolean> {
+  return announce(redis, domainChangesChannel(config), organizationId);
+}
+
+/**
+ * A small in-process LRU of DKIM options by (organization, domain), entries kept CACHE_TTL_MS
+ * (lru-cache); once `start`ed, an organization's entries are dropped when a change of its
+ * domains is announced, and all of them when the subscription drops (announcements may have
+ * been missed meanwhile).
+ */
 export class DkimKeyCache {
   private readonly entries: LRUCache<string, Entry>;
+  private subscriber: Redis | undefined;
+  private subscribed: Promise<void> | undefined;
 
   constructor(ttlMs = CACHE_TTL_MS) {
     this.entries = new LRUCache({ max: CACHE_MAX, ttl: ttlMs });
+  }
+
+  /** Subscribes (once); resolves when the subscription first holds. */
+  start(services: { redis: Redis; config: Pick<Config, 'redisPrefix'>; logger: Pick<Logger, 'debug'> }): Promise<void> {
+    if (this.subscribed) return this.subscribed;
+    this.subscribed = new Promise((resolve) => {
+      this.subscriber = subscribeAnnouncements(services, domainChangesChannel(services.config), 'DKIM key cache', {
+        up: resolve,
+        down: () => this.clear(),
+        message: (organizationId) => this.forget(organizationId),
+      });
+    });
+    return this.subscribed;
+  }
+
+  close(): void {
+    this.subscriber?.disconnect();
+    this.subscriber = undefined;
+    this.subscribed = undefined;
   }
 
   get(key: string): Entry | undefined {
@@ -64,6 +106,12 @@ export class DkimKeyCache {
 
   set(key: string, value: DkimSigningOptions | null): void {
     this.entries.set(key, { value });
+  }
+
+  /** Drops the organization's entries (keys start with its id). */
+  forget(organizationId: string): void {
+    const prefix = `${organizationId}:`;
+    for (const key of [...this.entries.keys()]) if (key.startsWith(prefix)) this.entries.delete(key);
   }
 
   clear(): void {

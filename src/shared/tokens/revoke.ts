@@ -4,6 +4,7 @@ import { redisKey } from '../container.js';
 import type { Config } from '../config.js';
 import type { Logger } from '../logger.js';
 import { NotFoundError } from '../errors.js';
+import { announce, subscribeAnnouncements } from '../redis.js';
 import { deleteToken } from './queries.js';
 
 /**
@@ -17,41 +18,19 @@ export function tokenChangesChannel(config: Pick<Config, 'redisPrefix'>): string
 
 /**
  * Listens to token-change announcements on a connection of its own, for a process's token
- * caches. `up` once the subscription holds; `down` when the connection closes, as
- * announcements may then be missed (no automatic resubscription: the next `ready` subscribes
- * again); `changed` with the organization id of each announcement.
+ * caches (`subscribeAnnouncements` on the token channel).
  */
 export function subscribeTokenChanges(
   services: { redis: Redis; config: Pick<Config, 'redisPrefix'>; logger: Logger },
   what: string,
   on: { up(): void; down(): void; changed(organizationId: string): void },
 ): Redis {
-  const channel = tokenChangesChannel(services.config);
-  const subscriber = services.redis.duplicate({ autoResubscribe: false, commandTimeout: undefined });
-  subscriber.on('error', (error) => services.logger.debug({ err: error }, `${what} subscriber error`));
-  subscriber.on('ready', () => {
-    subscriber.subscribe(channel).then(
-      () => on.up(),
-      () => {},
-    );
-  });
-  subscriber.on('close', () => on.down());
-  subscriber.on('message', (_channel: string, organizationId: string) => on.changed(organizationId));
-  return subscriber;
+  return subscribeAnnouncements(services, tokenChangesChannel(services.config), what, { up: on.up, down: on.down, message: on.changed });
 }
 
 /** Announces that an organization's tokens changed; resolves even when Redis is down. */
-export async function announceTokenChange(
-  redis: Redis,
-  config: Pick<Config, 'redisPrefix'>,
-  organizationId: string,
-): Promise<boolean> {
-  try {
-    await redis.publish(tokenChangesChannel(config), organizationId);
-    return true;
-  } catch {
-    return false;
-  }
+export function announceTokenChange(redis: Redis, config: Pick<Config, 'redisPrefix'>, organizationId: string): Promise<boolean> {
+  return announce(redis, tokenChangesChannel(config), organizationId);
 }
 
 /**
