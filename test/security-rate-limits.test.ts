@@ -83,6 +83,24 @@ describe('RATE_LIMIT_ORG_PER_SECOND', () => {
     expect(codes).toEqual([200, 429]);
   });
 
+  it('answers an MCP batch with the headers of its last call in the batch\'s order: the 429 of a call past the limit, with Retry-After', async () => {
+    const call = (id: number) => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'list_domains', arguments: {} } });
+    let answer: Awaited<ReturnType<typeof ctx.app.inject>> | undefined;
+    await withinOneSecond(async () => {
+      answer = await ctx.app.inject({
+        method: 'POST',
+        url: '/mcp',
+        headers: { ...bearer(tokens[0]!), accept: 'application/json, text/event-stream' },
+        payload: Array.from({ length: ORG_LIMIT + 2 }, (_, i) => call(i + 1)),
+      });
+      return [answer.statusCode];
+    });
+    const answers = answer!.json() as { id: number; result: { isError?: boolean } }[];
+    expect(answers.find((a) => a.id === ORG_LIMIT + 2)!.result.isError).toBe(true);
+    expect(answer!.headers['ratelimit-remaining']).toBe('0');
+    expect(answer!.headers['retry-after']).toMatch(/^\d+$/);
+  });
+
   it('counts each request of a v1 page walk beyond the first, which the v1 request paid for', async () => {
     await new Promise((resolve) => setTimeout(resolve, 1000));
     for (const email of ['walk1@example.com', 'walk2@example.com', 'walk3@example.com']) {

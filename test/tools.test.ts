@@ -239,6 +239,19 @@ describe('MCP at /mcp', () => {
     expect(answers.find((a) => a.id === 2)?.result).toMatchObject({ structuredContent: { object: 'list' } });
   });
 
+  it('answers JSON that is no JSON-RPC message, or an empty batch, -32600 (not -32700, which is for a body that is not JSON)', async () => {
+    for (const payload of [[], { id: 1, method: 'ping' }, { jsonrpc: '1.0', id: 1, method: 'ping' }, [1], 'str', { jsonrpc: '2.0', id: 1 }]) {
+      const res = await ctx.app.inject({
+        method: 'POST',
+        url: '/mcp',
+        headers: { ...bearer(token), 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+        payload: JSON.stringify(payload),
+      });
+      expect({ payload, status: res.statusCode }).toEqual({ payload, status: 400 });
+      expect(res.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32600, message: expect.stringMatching(/^Invalid Request/) }, id: null });
+    }
+  });
+
   it('a tools/call answer carries the endpoint\'s rate-limit headers', async () => {
     const res = await ctx.app.inject({
       method: 'POST',

@@ -1,6 +1,6 @@
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { CallToolRequestSchema, ListToolsRequestSchema, type CallToolResult, type Tool as McpTool } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolRequestSchema, JSONRPCMessageSchema, ListToolsRequestSchema, type CallToolResult, type Tool as McpTool } from '@modelcontextprotocol/sdk/types.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { randomHex } from '../../shared/crypto.js';
@@ -39,20 +39,25 @@ function describe(tool: Tool): McpTool {
  * of that request, with the caller's own bearer token, through the same runner as
  * `POST /api/v2/tools/{name}`.
  */
-function serverFor(app: App, request: FastifyRequest, reply: FastifyReply, invalid: Map<string, string>): Server {
+function serverFor(app: App, request: FastifyRequest, reply: FastifyReply, body: CheckedBody): Server {
+  const { invalid, order } = body;
+  // The batch position of the call whose headers the answer carries so far.
+  let shown = -1;
   const server = new Server(SERVER_INFO, {
     capabilities: { tools: {} },
     instructions: 'mailroom: transactional email, subscribers, campaigns, sending domains and address verification.',
   });
   server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: tools.map(describe) }));
-  server.setRequestHandler(CallToolRequestSchema, async (call): Promise<CallToolResult> => {
+  server.setRequestHandler(CallToolRequestSchema, async (call, extra): Promise<CallToolResult> => {
     const reason = invalid.get(call.params.name);
     if (reason !== undefined) throw Object.assign(new Error(reason), { code: INVALID_PARAMS });
     const result = await runTool(app, request, call.params.name, call.params.arguments ?? {});
     // The endpoint's rate-limit headers (and a 429's Retry-After) on the HTTP answer: the
-    // last call's, as the transport writes the headers once all calls have run (an earlier
-    // call's Retry-After goes with it).
-    if (!reply.raw.headersSent) {
+    // last call's in the batch's order, whichever finishes last (the calls of a batch run
+    // together; the transport writes the headers once all have run).
+    const position = order.get(extra.requestId) ?? 0;
+    if (!reply.raw.headersSent && position >= shown) {
+      shown = position;
       reply.raw.removeHeader('retry-after');
       for (const [name, value] of Object.entries(result.headers)) reply.raw.setHeader(name, value);
     }
@@ -69,6 +74,15 @@ function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
+interface CheckedBody {
+  /** The body for the MCP server: each invalid `tools/call` replaced by a placeholder. */
+  messages: unknown;
+  /** The placeholders' reasons, by their tool name. */
+  invalid: Map<string, string>;
+  /** Each request's position in the batch, by its JSON-RPC id. */
+  order: Map<string | number, number>;
+}
+
 /**
  * The body with each `tools/call` whose params are not a call (no tool name, arguments that are
  * not an object) replaced by a placeholder call, its reason kept in `invalid` under the
@@ -76,9 +90,12 @@ function isObject(value: unknown): value is Record<string, unknown> {
  * schema's dump; the handler answers the placeholder -32602 with the reason instead. The names
  * carry a random part: no tool's name, and no caller can guess one.
  */
-function setAsideInvalidCalls(body: unknown, invalid: Map<string, string>): unknown {
+function setAsideInvalidCalls(body: unknown): CheckedBody {
+  const invalid = new Map<string, string>();
+  const order = new Map<string | number, number>();
   const marker = `\u0000${randomHex(8)}:`;
   const check = (message: unknown, index: number): unknown => {
+    if (isObject(message) && (typeof message.id === 'string' || typeof message.id === 'number')) order.set(message.id, index);
     if (!isObject(message) || message.method !== 'tools/call' || message.id === undefined) return message;
     const parsed = CallParams.safeParse(message.params);
     if (parsed.success) return message;
@@ -86,7 +103,19 @@ function setAsideInvalidCalls(body: unknown, invalid: Map<string, string>): unkn
     invalid.set(name, parsed.error.issues.map((issue) => `${['params', ...issue.path.map(String)].join('.')}: ${issue.message}`).join('; '));
     return { ...message, params: { name } };
   };
-  return Array.isArray(body) ? body.map(check) : check(body, 0);
+  return { messages: Array.isArray(body) ? body.map(check) : check(body, 0), invalid, order };
+}
+
+/**
+ * Why a body is no JSON-RPC message (nor batch of them) the MCP server takes, or undefined: the
+ * SDK answers such JSON with -32700 (a parse error), JSON-RPC 2.0 (section 5.1) with -32600.
+ */
+function invalidRequest(body: unknown): string | undefined {
+  if (Array.isArray(body)) {
+    if (body.length === 0) return 'an empty batch';
+    return body.some((message) => !JSONRPCMessageSchema.safeParse(message).success) ? 'a message of the batch is not a JSON-RPC 2.0 message' : undefined;
+  }
+  return JSONRPCMessageSchema.safeParse(body).success ? undefined : 'not a JSON-RPC 2.0 message';
 }
 
 /** A JSON-RPC message (or batch) that only runs tools: those are counted by their endpoint. */
@@ -114,11 +143,15 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
     // Its JSON-RPC body is read by the MCP server; tool arguments reach an endpoint, which
     // refuses U+0000 itself (as a tool error the client can read).
     app.post('/mcp', { schema: { hide: true }, config: { acceptsNul: true } }, async (request, reply) => {
-      const invalid = new Map<string, string>();
-      const body = setAsideInvalidCalls(request.body, invalid);
+      const problem = invalidRequest(request.body);
+      if (problem) {
+        await rateLimit(limiter, request.caller, reply);
+        return reply.code(400).send({ jsonrpc: '2.0', error: { code: INVALID_REQUEST, message: `Invalid Request: ${problem}` }, id: null });
+      }
+      const body = setAsideInvalidCalls(request.body);
       // A call refused here reaches no endpoint: the message is counted here, like initialize.
-      if (!onlyToolCalls(body) || invalid.size > 0) await rateLimit(limiter, request.caller, reply);
-      const server = serverFor(app, request, reply, invalid);
+      if (!onlyToolCalls(body.messages) || body.invalid.size > 0) await rateLimit(limiter, request.caller, reply);
+      const server = serverFor(app, request, reply, body);
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
       // The transport writes the answer itself: the headers set so far (X-Request-Id, the
       // rate limit's) go on the raw response first, or they would be lost with the hijack.
@@ -129,7 +162,7 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
         void server.close();
       });
       await server.connect(transport);
-      await transport.handleRequest(request.raw, reply.raw, body);
+      await transport.handleRequest(request.raw, reply.raw, body.messages);
     });
 
     // Stateless: no server-initiated stream to GET, no session to DELETE.
