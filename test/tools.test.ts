@@ -200,6 +200,24 @@ describe('rate limit', () => {
   });
 });
 
+describe('tool schemas say what the tools refuse', () => {
+  it('one body field of send_email, the event types and URL scheme of create_webhook, a country code, the list filters', async () => {
+    type Schema = { oneOf?: unknown; properties: Record<string, { pattern: string; items: { enum: string[] }; minLength?: number; maxLength?: number }> };
+    const catalog = (await ctx.app.inject({ method: 'GET', url: '/api/v2/tools', headers: bearer(token) })).json().data as { name: string; inputSchema: Schema }[];
+    const schema = (name: string) => catalog.find((tool) => tool.name === name)!.inputSchema;
+    expect(schema('send_email').oneOf).toEqual([{ required: ['html'] }, { required: ['markdown'] }, { required: ['tiptap'] }]);
+    const webhook = schema('create_webhook').properties;
+    expect(webhook.events.items.enum).toEqual(expect.arrayContaining(['email.sent', 'contact.created', '*']));
+    expect(new RegExp(webhook.url.pattern).test('ftp://x')).toBe(false);
+    expect(new RegExp(webhook.url.pattern).test('HTTPS://x')).toBe(true);
+    expect(new RegExp(schema('create_subscriber').properties.country.pattern).test('XXX')).toBe(false);
+    // The list tools take the endpoint's own filters: a bad one is refused naming the argument.
+    expect(schema('list_subscribers').properties.tag).toMatchObject({ minLength: 1, maxLength: 100 });
+    const refused = await runOverHttp(ctx, token, 'list_subscribers', { tag: '' });
+    expect(refused).toMatchObject({ statusCode: 422, body: { details: [{ path: 'arguments.tag' }] } });
+  });
+});
+
 describe('MCP at /mcp', () => {
   it('answers a body the HTTP layer refuses (not JSON, not JSON\'s type, too large) as JSON-RPC errors', async () => {
     const post = (payload: string, contentType = 'application/json') =>

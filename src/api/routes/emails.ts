@@ -9,6 +9,13 @@ import { listAttachments, type AttachmentSummary } from '../../shared/submission
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
 import type { App } from '../types.js';
 
+/** `GET /emails`' query (the `list_emails` tool takes the same cursors). */
+export const ListEmailsQuery = z.object({
+  limit: limitQuery.default(20),
+  after: z.string().min(1).optional(),
+  before: z.string().min(1).optional(),
+});
+
 // docs/foundation.md "Errors": the batch takes up to 100 bodies, so up to 10 MiB.
 const BATCH_BODY_LIMIT = 10 * 1024 * 1024;
 const MAX_BATCH = 100;
@@ -145,11 +152,7 @@ export async function emailsRoutes(app: App): Promise<void> {
       schema: {
         tags: ['emails'],
         summary: 'List emails sent through the API, newest first',
-        querystring: z.object({
-          limit: limitQuery.default(20),
-          after: z.string().min(1).optional(),
-          before: z.string().min(1).optional(),
-        }),
+        querystring: ListEmailsQuery,
         response: { 200: listEnvelope(EmailRow) },
       },
     },

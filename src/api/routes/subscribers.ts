@@ -44,6 +44,15 @@ const WritableFields = {
   country: CountryCode.optional(),
 };
 
+/** `GET /subscribers`' query (the `list_subscribers` tool takes the same filters). */
+export const ListSubscribersQuery = z.object({
+  limit: limitQuery.default(20),
+  after: z.string().regex(/^sub_[0-9a-z]{26}$/, 'must be a subscriber id').optional(),
+  status: Status.optional(),
+  tag: z.string().min(1).max(100).optional(),
+  query: z.string().max(254).optional().describe('Substring of the address or the name; empty means no filter'),
+});
+
 export const CreateBody = z.object({ email: EmailAddress, ...WritableFields });
 export const PatchBody = z.object({ email: EmailAddress.optional(), ...WritableFields });
 const TagsBody = z.object({ tags: z.array(z.string()).min(1).max(TAGS_MAX, `at most ${TAGS_MAX} tags`), triggerWorkflows: z.boolean().optional() });
@@ -128,13 +137,7 @@ export async function subscribersRoutes(app: App): Promise<void> {
       schema: {
         tags: ['subscribers'],
         summary: 'List subscribers, newest first',
-        querystring: z.object({
-          limit: limitQuery.default(20),
-          after: z.string().regex(/^sub_[0-9a-z]{26}$/, 'must be a subscriber id').optional(),
-          status: Status.optional(),
-          tag: z.string().min(1).max(100).optional(),
-          query: z.string().max(254).optional().describe('Substring of the address or the name; empty means no filter'),
-        }),
+        querystring: ListSubscribersQuery,
         response: { 200: listEnvelope(GetShape) },
       },
     },

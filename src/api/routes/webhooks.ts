@@ -30,11 +30,13 @@ const WebhookUrl = z
       return false;
     }
   }, 'must be an http or https URL')
+  .meta({ pattern: '^[Hh][Tt][Tt][Pp][Ss]?://' })
   .describe('The endpoint; http or https');
 
 /** A non-empty list of event types, or `["*"]`; an unknown type is refused by name. */
 const Events = z
-  .array(z.string())
+  // The values in the JSON Schema (tools, OpenAPI); refused by name below, with a message of its own.
+  .array(z.string().meta({ enum: [...WEBHOOK_EVENT_TYPES, '*'] }))
   .min(1, 'must name at least one event type, or "*"')
   .max(WEBHOOK_EVENT_TYPES.length + 1)
   .superRefine((events, ctx) => {

@@ -1,10 +1,10 @@
 import { z } from 'zod';
 import { CAMPAIGN_STATUSES } from '../../shared/db/entities/campaign.js';
-import { SUBSCRIBER_STATUSES } from '../../shared/db/entities/subscriber.js';
-import { SendEmailBody } from '../../shared/emails/input.js';
+import { ONE_BODY_FIELD, SendEmailBody } from '../../shared/emails/input.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
 import { SendBody as SendCampaignBody } from '../routes/campaigns.js';
-import { CreateBody as CreateSubscriberBody, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
+import { ListEmailsQuery } from '../routes/emails.js';
+import { CreateBody as CreateSubscriberBody, ListSubscribersQuery, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
 import { VerifyBody } from '../routes/verification.js';
 import { CreateWebhookBody } from '../routes/webhooks.js';
 import { strictBody } from '../validation.js';
@@ -87,7 +87,7 @@ export const tools: Tool[] = [
     permission: 'emails',
     inputSchema: SendEmailBody.safeExtend({
       idempotency_key: z.string().min(1).max(256).optional().describe('Sent as the Idempotency-Key header: a retry with the same key sends nothing more'),
-    }),
+    }).meta(ONE_BODY_FIELD),
     destructive: true,
     toRequest: ({ idempotency_key, ...body }) => ({
       method: 'POST',
@@ -110,8 +110,8 @@ export const tools: Tool[] = [
     permission: 'emails',
     inputSchema: z.object({
       limit: Limit.optional().describe('1 to 100, default 20'),
-      after: z.string().optional().describe('An email id: list emails older than it'),
-      before: z.string().optional().describe('An email id: list emails newer than it'),
+      after: ListEmailsQuery.shape.after.describe('An email id: list emails older than it'),
+      before: ListEmailsQuery.shape.before.describe('An email id: list emails newer than it'),
     }),
     readOnly: true,
     toRequest: (query) => ({ method: 'GET', url: '/api/v2/emails', query }),
@@ -135,12 +135,13 @@ export const tools: Tool[] = [
     name: 'list_subscribers',
     description: 'List subscribers, newest first, optionally by status, tag name or a substring of email or name.',
     permission: 'subscribers',
+    // The endpoint's own filters (a bad one is refused here, naming `arguments.…`).
     inputSchema: z.object({
       limit: Limit.optional().describe('1 to 100, default 20'),
-      after: z.string().optional().describe('A subscriber id: list subscribers older than it'),
-      status: z.enum(SUBSCRIBER_STATUSES).optional(),
-      tag: z.string().optional().describe('A tag name'),
-      query: z.string().optional().describe('Substring of the email or the name'),
+      after: ListSubscribersQuery.shape.after.describe('A subscriber id: list subscribers older than it'),
+      status: ListSubscribersQuery.shape.status,
+      tag: ListSubscribersQuery.shape.tag.describe('A tag name'),
+      query: ListSubscribersQuery.shape.query.describe('Substring of the email or the name'),
     }),
     readOnly: true,
     toRequest: (query) => ({ method: 'GET', url: '/api/v2/subscribers', query }),

@@ -38,6 +38,9 @@ const tagPart = z.string().regex(/^[A-Za-z0-9_-]{1,256}$/, 'must be 1 to 256 ASC
 const notAccepted = (field: string, hint: string) =>
   z.never({ error: `"${field}" is not accepted on v2: ${hint}` }).optional();
 
+/** The body's "exactly one of html, markdown or tiptap" in JSON Schema (OpenAPI, the tool catalog). */
+export const ONE_BODY_FIELD = { oneOf: [{ required: ['html'] }, { required: ['markdown'] }, { required: ['tiptap'] }] };
+
 export const SendEmailBody = z
   .strictObject({
     from: mailbox.describe('Sender: addr or "Name <addr>"'),
@@ -103,7 +106,8 @@ export const SendEmailBody = z
       const problem = tiptapProblem(doc);
       if (problem) ctx.addIssue({ code: 'custom', path: ['tiptap'], message: problem });
     }
-  });
+  })
+  .meta(ONE_BODY_FIELD);
 
 export type SendEmailBody = z.output<typeof SendEmailBody>;
 

@@ -24,6 +24,8 @@ export function normalizeEmail(value: string): string {
 /** ISO 3166-1 alpha-2, any case on input, stored upper-case. */
 export const CountryCode = z
   .string()
+  // For the JSON Schema (tools, OpenAPI); the refinement below is the check.
+  .meta({ pattern: '^\\s*[A-Za-z]{2}\\s*$' })
   .trim()
   .toUpperCase()
   .refine((code) => code.length === 2 && countries.isValid(code), 'must be an ISO 3166-1 alpha-2 country code');
