@@ -416,6 +416,21 @@ describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (do
   ];
   const MARKDOWN = `# Markdown news\n\nHi **{{name}}** <{{email}}> on {{fields.plan}}, unknown "{{nope}}".\n\n- md item\n\n[Unsubscribe]({{unsubscribe_url}})`;
 
+  it('counts the recipients the fan-out wrote once it is done: a subscriber who came after scheduling counts, and sent never exceeds recipients', async () => {
+    const tag = 'late-comers';
+    await subscriber('early@late.test', { tags: [tag] });
+    const c = await createCampaign({ content: `Hi${UNSUB_MD}`, recipientFilters: [{ type: 'tag', op: 'has', value: tag }] });
+    const sent = await api('POST', `/campaigns/${c.id}/send`, { scheduledAt: new Date(Date.now() + 1_500).toISOString() });
+    expect(sent.json().recipientCount).toBe(1);
+    await subscriber('late@late.test', { tags: [tag] });
+    await startAllWorkers();
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done).toMatchObject({ emailsSentCount: 2, recipientCount: 2 });
+  });
+
   it.each([
     ['MARKDOWN', MARKDOWN, 'Markdown news', ['md item']],
     ['MAILY', MAILY, 'Maily news', ['item one', 'Read more', 'https://example.test/more', 'https://cdn.example.test/pic.png', 'left col']],

@@ -114,8 +114,20 @@ export async function scheduleDraft(em: Execute, id: string, s: { scheduledAt: D
   return updated.length > 0;
 }
 
+/**
+ * The fan-out wrote every recipient: `recipient_count`, frozen at schedule time, becomes the
+ * number of emails written (the audience as it was when the fan-out ran: subscribers who came
+ * or left in between count as they were then), so that a sent campaign never reads more sent
+ * than recipients.
+ */
 export async function markFanOutDone(em: Execute, campaignId: string): Promise<void> {
-  await em.execute(`update campaigns set fanout_done = true, updated_at = now() where id = ? and status = 'SENDING'`, [campaignId], 'run');
+  await em.execute(
+    `update campaigns set fanout_done = true, updated_at = now(),
+       recipient_count = (select count(*) from emails where campaign_id = ? and source = 'campaign')
+     where id = ? and status = 'SENDING'`,
+    [campaignId, campaignId],
+    'run',
+  );
 }
 
 /** Reconciler: SCHEDULED/SENDING campaigns whose job Redis lost (raw rows: timestamps may come back as text). */
