@@ -1,5 +1,6 @@
 import { generateKeyPairSync } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
+import { localPublicUrl } from '../src/shared/boot.js';
 import { ConfigError, DEVELOPMENT_SECRET_KEY, loadConfig } from '../src/shared/config.js';
 
 // A verification key as SendGrid's console shows it (base64 DER of a P-256 public key).
@@ -177,6 +178,18 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
     expect(loadConfig({ ...secret, NODE_ENV: 'test' }).allowUnverifiedDomains).toBe(true);
     expect(loadConfig({ ...secret, NODE_ENV: 'production', ALLOW_UNVERIFIED_DOMAINS: 'true' }).allowUnverifiedDomains).toBe(true);
     expect(loadConfig({ ALLOW_UNVERIFIED_DOMAINS: 'off' }).allowUnverifiedDomains).toBe(false);
+  });
+});
+
+describe('PUBLIC_URL in production', () => {
+  it('is warned about when it names this machine (unset, localhost, loopback), and not otherwise', () => {
+    const key = 'x'.repeat(32);
+    for (const PUBLIC_URL of [undefined, 'http://localhost:3000', 'https://127.0.0.1', 'http://[::1]:3000', 'http://mail.localhost']) {
+      const config = loadConfig({ NODE_ENV: 'production', SECRET_KEY: key, ...(PUBLIC_URL ? { PUBLIC_URL } : {}) });
+      expect(localPublicUrl(config), PUBLIC_URL).toMatch(/^PUBLIC_URL is .*: set it to the service's public address/);
+    }
+    expect(localPublicUrl(loadConfig({ NODE_ENV: 'production', SECRET_KEY: key, PUBLIC_URL: 'https://mail.example.com' }))).toBeUndefined();
+    expect(localPublicUrl(loadConfig({ NODE_ENV: 'development' }))).toBeUndefined();
   });
 });
 

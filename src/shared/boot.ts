@@ -23,7 +23,21 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
   limitHeapGrowth(config.heapGrowingPercent);
   const logger = createLogger({ level: config.logLevel, name });
   if (warning) logger.warn(warning);
+  const local = localPublicUrl(config);
+  if (local) logger.warn(local);
   return { config, logger };
+}
+
+/**
+ * A production process whose PUBLIC_URL names this machine (unset: localhost): the DNS
+ * records a sending domain asks for (SPF, the return path's MX), the links in every email and
+ * the return path of mail from other domains would point at it, and nothing else would say so.
+ */
+export function localPublicUrl(config: Pick<Config, 'nodeEnv' | 'publicUrl'>): string | undefined {
+  if (config.nodeEnv !== 'production') return undefined;
+  const host = new URL(config.publicUrl).hostname.replace(/^\[|\]$/g, '').toLowerCase();
+  if (host !== 'localhost' && !host.endsWith('.localhost') && !/^127\./.test(host) && host !== '::1' && host !== '0.0.0.0') return undefined;
+  return `PUBLIC_URL is ${config.publicUrl}: set it to the service's public address, or the DNS records of sending domains, the links in emails and return paths name ${host}`;
 }
 
 /**
