@@ -96,7 +96,10 @@ export function handleShutdown(logger: Logger, options: { deadlineMs?: number } 
     stopping = true;
     logger.info({ signal }, 'shutting down: finishing requests and active jobs');
     stop().then(
-      () => process.exit(0),
+      () => {
+        logger.info('stopped');
+        process.exit(0);
+      },
       (error: unknown) => {
         logger.error({ err: error }, 'shutdown failed');
         process.exit(1);

@@ -74,6 +74,7 @@ export function page(options: PageOptions, body: SafeHtml): SafeHtml {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="htmx-config" content='{"includeIndicatorStyles":false,"allowEval":false}'>
 <title>${options.title} · mailroom</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="/app/assets/app.css">
 <script src="/app/assets/htmx.min.js" defer></script>
 <script src="/app/assets/app.js" defer></script>
