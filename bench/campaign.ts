@@ -33,7 +33,9 @@ Hello **{{name}}**, here is what is new this month for {{email}}.
 
 [Unsubscribe]({{unsubscribe_url}})`;
 
-let worker: ChildProcess | undefined;
+// BENCH_SEND_WORKERS=N: N hand-over processes sharing the SMTP connection count (16 / N each).
+const SEND_WORKERS = Number(process.env.BENCH_SEND_WORKERS ?? 1);
+let sendWorkers: ChildProcess[] = [];
 let fanOutWorker: ChildProcess | undefined;
 try {
   const em = bench.services.orm.em.fork();
@@ -48,19 +50,24 @@ try {
   // (`campaigns`) and the hand-over (`emails`, `campaign-emails`), so neither waits on the
   // other's event loop.
   fanOutWorker = await spawnService('src/workers/main.ts', { ...bench.env, WORKER_QUEUES: 'campaigns' });
-  worker = await spawnService('src/workers/main.ts', { ...bench.env, WORKER_QUEUES: 'emails,campaign-emails' });
+  sendWorkers = await Promise.all(
+    Array.from({ length: SEND_WORKERS }, () =>
+      spawnService('src/workers/main.ts', { ...bench.env, WORKER_QUEUES: 'emails,campaign-emails', SMTP_MAX_CONNECTIONS: String(Math.max(1, Math.round(16 / SEND_WORKERS))) }),
+    ),
+  );
+  const workersCpuMs = async () => (await Promise.all(sendWorkers.map((w) => cpuMsOf(w.pid!)))).reduce((a, b) => a + b, 0);
   let peakRss = 0;
   let fanOutPeakRss = 0;
   let fanOutDone = false;
   const rssTimer = setInterval(() => {
-    void rssOf(worker!.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
+    for (const w of sendWorkers) void rssOf(w.pid!).then((rss) => (peakRss = Math.max(peakRss, rss)));
     void rssOf(fanOutWorker!.pid!).then((rss) => (fanOutPeakRss = Math.max(fanOutPeakRss, rss)));
   }, 100);
   await new Promise((r) => setTimeout(r, 3_000)); // worker start-up
 
   const created = await app.inject({ method: 'POST', url: '/api/v2/campaigns', headers: auth, payload: { name: 'Bench', subject: 'News for {{name}}', senderId, content: CONTENT } });
   const campaignId = created.json().id as string;
-  const cpuBefore = { worker: await cpuMsOf(worker.pid!), postgres: await cpuMsOfCommand('postgres'), sink: await cpuMsOf(sink.proc.pid!) };
+  const cpuBefore = { worker: await workersCpuMs(), postgres: await cpuMsOfCommand('postgres'), sink: await cpuMsOf(sink.proc.pid!) };
   const started = Date.now();
   const sent = await app.inject({ method: 'POST', url: `/api/v2/campaigns/${campaignId}/send`, headers: auth, payload: {} });
   if (sent.statusCode !== 200) throw new Error(sent.body);
@@ -98,7 +105,7 @@ try {
   clearInterval(rssTimer);
   // CPU of the send worker (its signing threads included), PostgreSQL and the sink, an email.
   const cpuPerEmail = {
-    worker: ((await cpuMsOf(worker.pid!)) - cpuBefore.worker) / TOTAL,
+    worker: ((await workersCpuMs()) - cpuBefore.worker) / TOTAL,
     postgres: ((await cpuMsOfCommand('postgres')) - cpuBefore.postgres) / TOTAL,
     sink: ((await cpuMsOf(sink.proc.pid!)) - cpuBefore.sink) / TOTAL,
   };
@@ -107,9 +114,9 @@ try {
   const [span] = await em.execute<{ first: Date; last: Date }[]>(`select min(claimed_at) as first, max(sent_at) as last from emails where campaign_id = ?`, [campaignId]);
   const sendSeconds = (new Date(span!.last).getTime() - new Date(span!.first).getTime()) / 1000;
   const campaignRate = TOTAL / sendSeconds;
-  await stop(worker);
+  await Promise.all(sendWorkers.map((w) => stop(w)));
   await stop(fanOutWorker);
-  worker = undefined;
+  sendWorkers = [];
   fanOutWorker = undefined;
 
   // Baseline: nodemailer straight to the same sink, the same message pre-rendered.
@@ -143,7 +150,7 @@ try {
   console.log(`direct nodemailer CPU: ${fmt((directUsage.user + directUsage.system) / 1000 / DIRECT, 3)} ms an email${dkim ? ' (DKIM-signed)' : ''}`);
   console.log(`ratio campaign / direct: ${fmt(campaignRate / directRate, 2)}`);
 } finally {
-  if (worker) await stop(worker);
+  await Promise.all(sendWorkers.map((w) => stop(w)));
   if (fanOutWorker) await stop(fanOutWorker);
   sink.stop();
   await app.close();
