@@ -76,6 +76,8 @@ export class DkimKeyCache {
   private readonly entries: LRUCache<string, Entry>;
   private subscriber: Redis | undefined;
   private subscribed: Promise<void> | undefined;
+  /** Bumped by every drop: a lookup that began before one does not store its (older) result. */
+  generation = 0;
 
   constructor(ttlMs = CACHE_TTL_MS) {
     this.entries = new LRUCache({ max: CACHE_MAX, ttl: ttlMs });
@@ -104,17 +106,20 @@ export class DkimKeyCache {
     return this.entries.get(key);
   }
 
-  set(key: string, value: DkimSigningOptions | null): void {
-    this.entries.set(key, { value });
+  /** Stores a lookup's result, unless an entry was dropped since `generation` was read. */
+  set(key: string, value: DkimSigningOptions | null, generation = this.generation): void {
+    if (generation === this.generation) this.entries.set(key, { value });
   }
 
   /** Drops the organization's entries (keys start with its id). */
   forget(organizationId: string): void {
+    this.generation += 1;
     const prefix = `${organizationId}:`;
     for (const key of [...this.entries.keys()]) if (key.startsWith(prefix)) this.entries.delete(key);
   }
 
   clear(): void {
+    this.generation += 1;
     this.entries.clear();
   }
 }
@@ -146,6 +151,7 @@ export async function dkimOptionsFor(
     cache.set(givenKey, cached.value);
     return cached.value;
   }
+  const generation = cache.generation;
   const domain = await (typeof em === 'function' ? em() : em).findOne(Domain, { organizationId, domain: hostname }, { fields: ['domain', 'dkimSelector', 'dkimPrivateKeySealed'] });
   const value = domain
     ? {
@@ -155,8 +161,8 @@ export async function dkimOptionsFor(
         headerFieldNames: DKIM_SIGNED_HEADERS,
       }
     : null;
-  cache.set(key, value);
-  if (givenKey !== key) cache.set(givenKey, value);
+  cache.set(key, value, generation);
+  if (givenKey !== key) cache.set(givenKey, value, generation);
   return value;
 }
 
