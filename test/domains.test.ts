@@ -535,6 +535,25 @@ describe('DKIM signing and the unverified-domain rule', () => {
     }
   });
 
+  it('keeps nothing while its subscription is not up (an announcement could be missed), and never subscribes again once closed', async () => {
+    const unreachable = createRedis('redis://127.0.0.1:1', 'producer');
+    unreachable.on('error', () => {});
+    const cache = new DkimKeyCache();
+    try {
+      void cache.start({ redis: unreachable, config: ctx.services.config, logger: ctx.services.logger });
+      cache.set(`${organizationId}:kept.example`, null);
+      expect(cache.get(`${organizationId}:kept.example`)).toBeUndefined();
+      cache.close();
+      await cache.start(ctx.services);
+      cache.set(`${organizationId}:kept.example`, null);
+      // Closed: a cache of its TTL only, as one never started.
+      expect(cache.get(`${organizationId}:kept.example`)).toEqual({ value: null });
+    } finally {
+      cache.close();
+      unreachable.disconnect();
+    }
+  });
+
   it('with ALLOW_UNVERIFIED_DOMAINS=false refuses a domain that is not VERIFIED, naming it', async () => {
     const em = ctx.services.orm.em.fork();
     const strict = { allowUnverifiedDomains: false };

@@ -247,18 +247,21 @@ describe('MCP at /mcp', () => {
       expect(res.statusCode).toBe(200);
       expect(res.json()).toEqual({ jsonrpc: '2.0', id: 9, error: { code: -32602, message } });
     }
-    // In a batch, the other calls run as usual.
+    // In a batch, the other calls run as usual (params that are not even an object included).
     const batch = await post([
       { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { arguments: {} } },
       { jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'list_domains', arguments: {} } },
+      { jsonrpc: '2.0', id: 3, method: 'tools/call', params: 'x' },
     ]);
     const answers = batch.json() as { id: number; error?: { code: number }; result?: { isError?: boolean } }[];
     expect(answers.find((a) => a.id === 1)).toMatchObject({ error: { code: -32602, message: 'params.name: is required' } });
     expect(answers.find((a) => a.id === 2)?.result).toMatchObject({ structuredContent: { object: 'list' } });
+    expect(answers.find((a) => a.id === 3)).toMatchObject({ error: { code: -32602, message: 'params: must be an object, got a string' } });
   });
 
-  it('answers JSON that is no JSON-RPC message, or an empty batch, -32600 (not -32700, which is for a body that is not JSON)', async () => {
-    for (const payload of [[], { id: 1, method: 'ping' }, { jsonrpc: '1.0', id: 1, method: 'ping' }, [1], 'str', { jsonrpc: '2.0', id: 1 }]) {
+  it('answers JSON that is no JSON-RPC message, an empty batch or one whose requests repeat an id, -32600 (not -32700, which is for a body that is not JSON)', async () => {
+    const twice = (id: number) => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'list_domains', arguments: {} } });
+    for (const payload of [[], { id: 1, method: 'ping' }, { jsonrpc: '1.0', id: 1, method: 'ping' }, [1], 'str', { jsonrpc: '2.0', id: 1 }, [twice(1), twice(1)]]) {
       const res = await ctx.app.inject({
         method: 'POST',
         url: '/mcp',

@@ -35,9 +35,9 @@ export function bootConfig(name: string): { config: Config; logger: Logger } {
  */
 export function localPublicUrl(config: Pick<Config, 'nodeEnv' | 'publicUrl'>): string | undefined {
   if (config.nodeEnv !== 'production') return undefined;
-  const host = new URL(config.publicUrl).hostname.replace(/^\[|\]$/g, '').toLowerCase();
+  const host = new URL(config.publicUrl).hostname.replace(/^\[|\]$/g, '').replace(/\.$/, '').toLowerCase();
   if (host !== 'localhost' && !host.endsWith('.localhost') && !/^127\./.test(host) && host !== '::1' && host !== '0.0.0.0') return undefined;
-  return `PUBLIC_URL is ${config.publicUrl}: set it to the service's public address, or the DNS records of sending domains, the links in emails and return paths name ${host}`;
+  return `PUBLIC_URL is ${config.publicUrl}: set it to the service's public address, or the DNS records of sending domains and the links in emails name ${host}`;
 }
 
 /**

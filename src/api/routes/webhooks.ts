@@ -30,7 +30,7 @@ const WebhookUrl = z
       return false;
     }
   }, 'must be an http or https URL')
-  .meta({ pattern: '^[Hh][Tt][Tt][Pp][Ss]?://' })
+  .meta({ pattern: '^\\s*[Hh][Tt][Tt][Pp][Ss]?:' })
   .describe('The endpoint; http or https');
 
 /** A non-empty list of event types, or `["*"]`; an unknown type is refused by name. */

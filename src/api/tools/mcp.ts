@@ -111,11 +111,13 @@ function setAsideInvalidCalls(body: unknown): CheckedBody {
  * SDK answers such JSON with -32700 (a parse error), JSON-RPC 2.0 (section 5.1) with -32600.
  */
 function invalidRequest(body: unknown): string | undefined {
-  if (Array.isArray(body)) {
-    if (body.length === 0) return 'an empty batch';
-    return body.some((message) => !JSONRPCMessageSchema.safeParse(message).success) ? 'a message of the batch is not a JSON-RPC 2.0 message' : undefined;
-  }
-  return JSONRPCMessageSchema.safeParse(body).success ? undefined : 'not a JSON-RPC 2.0 message';
+  if (!Array.isArray(body)) return JSONRPCMessageSchema.safeParse(body).success ? undefined : 'not a JSON-RPC 2.0 message';
+  if (body.length === 0) return 'an empty batch';
+  // The SDK refuses a whole batch for one message it cannot read; it would also answer one
+  // request of two with the same id and lose the other's answer (its answers are keyed by id).
+  if (body.some((message) => !JSONRPCMessageSchema.safeParse(message).success)) return 'a message of the batch is not a JSON-RPC 2.0 message';
+  const ids = body.filter((message) => isObject(message) && 'method' in message && message.id !== undefined).map((message) => JSON.stringify((message as { id: unknown }).id));
+  return new Set(ids).size === ids.length ? undefined : 'two requests of the batch have the same id';
 }
 
 /** A JSON-RPC message (or batch) that only runs tools: those are counted by their endpoint. */
@@ -143,12 +145,14 @@ export function mcpRoutes(limiter: WindowRateLimiter) {
     // Its JSON-RPC body is read by the MCP server; tool arguments reach an endpoint, which
     // refuses U+0000 itself (as a tool error the client can read).
     app.post('/mcp', { schema: { hide: true }, config: { acceptsNul: true } }, async (request, reply) => {
-      const problem = invalidRequest(request.body);
+      // A `tools/call` whose params are not a call is answered on its own (-32602), before the
+      // body is read as JSON-RPC: the rest of its batch still runs.
+      const body = setAsideInvalidCalls(request.body);
+      const problem = invalidRequest(body.messages);
       if (problem) {
         await rateLimit(limiter, request.caller, reply);
         return reply.code(400).send({ jsonrpc: '2.0', error: { code: INVALID_REQUEST, message: `Invalid Request: ${problem}` }, id: null });
       }
-      const body = setAsideInvalidCalls(request.body);
       // A call refused here reaches no endpoint: the message is counted here, like initialize.
       if (!onlyToolCalls(body.messages) || body.invalid.size > 0) await rateLimit(limiter, request.caller, reply);
       const server = serverFor(app, request, reply, body);

@@ -76,6 +76,12 @@ export class DkimKeyCache {
   private readonly entries: LRUCache<string, Entry>;
   private subscriber: Redis | undefined;
   private subscribed: Promise<void> | undefined;
+  /**
+   * `off`: never started (a cache of its own, its TTL only); `waiting`: started, the
+   * subscription not (or no longer) up, so nothing is kept (an announcement could be missed);
+   * `live`; `closed`: stopped for good.
+   */
+  private state: 'off' | 'waiting' | 'live' | 'closed' = 'off';
   /** Bumped by every drop: a lookup that began before one does not store its (older) result. */
   generation = 0;
 
@@ -85,30 +91,44 @@ export class DkimKeyCache {
 
   /** Subscribes (once); resolves when the subscription first holds. */
   start(services: { redis: Redis; config: Pick<Config, 'redisPrefix'>; logger: Pick<Logger, 'debug'> }): Promise<void> {
+    if (this.state === 'closed') return Promise.resolve();
     if (this.subscribed) return this.subscribed;
+    this.state = 'waiting';
+    this.clear();
     this.subscribed = new Promise((resolve) => {
       this.subscriber = subscribeAnnouncements(services, domainChangesChannel(services.config), 'DKIM key cache', {
-        up: resolve,
-        down: () => this.clear(),
+        up: () => {
+          if (this.state === 'closed') return;
+          this.clear();
+          this.state = 'live';
+          resolve();
+        },
+        down: () => {
+          if (this.state === 'closed') return;
+          this.state = 'waiting';
+          this.clear();
+        },
         message: (organizationId) => this.forget(organizationId),
       });
     });
     return this.subscribed;
   }
 
+  /** Stops the subscription for good: a later `start` does nothing. */
   close(): void {
+    this.state = 'closed';
     this.subscriber?.disconnect();
     this.subscriber = undefined;
-    this.subscribed = undefined;
+    this.clear();
   }
 
   get(key: string): Entry | undefined {
-    return this.entries.get(key);
+    return this.state === 'waiting' ? undefined : this.entries.get(key);
   }
 
   /** Stores a lookup's result, unless an entry was dropped since `generation` was read. */
   set(key: string, value: DkimSigningOptions | null, generation = this.generation): void {
-    if (generation === this.generation) this.entries.set(key, { value });
+    if (generation === this.generation && this.state !== 'waiting') this.entries.set(key, { value });
   }
 
   /** Drops the organization's entries (keys start with its id). */

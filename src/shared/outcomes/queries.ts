@@ -65,7 +65,7 @@ export async function setFirstEngagement(em: EntityManager, kind: 'open' | 'clic
      where e.id = f.id and e.${column} is null
      returning e.id, case when e.source = 'campaign' then e.campaign_id end as campaign_id,
        case when e.status = 'sent' and e.delivery_status is distinct from 'bounced'
-         and coalesce(jsonb_array_length(e.cc), 0) = 0 and coalesce(jsonb_array_length(e.bcc), 0) = 0
+         and (e.cc is null or e.cc = '[]'::jsonb) and (e.bcc is null or e.bcc = '[]'::jsonb)
          then email_bare_address(e.to_address) end as proves`,
     [JSON.stringify(candidates)],
   );

@@ -221,8 +221,8 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
     if (!row.proves) continue;
     const key = historyKey(row.proves);
     const at = new Date(firstAt.get(row.id)!);
-    const known = proven.get(key.email);
-    if (!known || known.proven_at! < at) proven.set(key.email, { ...key, hard_bounced_at: null, complained_at: null, mailbox_full_at: null, mailbox_not_found_at: null, proven_at: at });
+    const earlier = proven.get(key.email);
+    if (!earlier || earlier.proven_at! < at) proven.set(key.email, { ...key, hard_bounced_at: null, complained_at: null, mailbox_full_at: null, mailbox_not_found_at: null, proven_at: at });
   }
   await upsertHistory(em, [...proven.values()], new Date());
 }
