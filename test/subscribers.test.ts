@@ -98,6 +98,14 @@ describe('POST /api/v2/subscribers (docs/audience.md "Writes")', () => {
     expect(body.warnings).toHaveLength(2);
   });
 
+  it('checks an address as the verifier does: an IDN domain kept in ASCII, every atext character, no double dot', async () => {
+    expect((await api('POST', '/subscribers', { email: 'Anna@Bücher.example' })).json().email).toBe('anna@xn--bcher-kva.example');
+    expect((await api('POST', '/subscribers', { email: "o'brien+news!@example.com" })).statusCode).toBe(200);
+    const refused = await api('POST', '/subscribers', { email: 'jane..doe@example.com' });
+    expect(refused.statusCode).toBe(422);
+    expect(refused.json().details).toEqual([{ path: 'email', message: 'must be a valid email address: the local part has a leading, trailing or double dot' }]);
+  });
+
   it('stores ipAddress and country as sign-up evidence', async () => {
     const body = await create({ email: 'evidence@example.com', ipAddress: '203.0.113.7', country: 'fr' });
     const rows = (await ctx.services.orm.em.fork().execute('select signup_ip, signup_country, confirmed_at from subscribers where id = ?', [body.id])) as Array<

@@ -1,5 +1,6 @@
 import countries from 'i18n-iso-countries';
 import { z } from 'zod';
+import { parseAddress } from '../verification/syntax.js';
 
 /**
  * Input rules of the audience module shared by the API and the CSV import
@@ -7,15 +8,21 @@ import { z } from 'zod';
  * cannot be applied is skipped with a warning naming it, and the rest is written.
  */
 
-/** Trimmed, lower-cased, then checked: an organization has one subscriber per address. */
+/**
+ * Checked by the verifier's syntax rule (docs/verification.md rule 1: a dot-atom local part of
+ * at most 64 octets, a host name, an IDN domain stored in its ASCII form), trimmed and
+ * lower-cased: an organization has one subscriber per address.
+ */
 export const EmailAddress = z
   .string()
   .trim()
-  .toLowerCase()
   .max(254, 'must be at most 254 characters')
-  .pipe(z.email({ message: 'must be a valid email address' }))
-  // RFC 5321 4.5.3.1.1: the local part is at most 64 octets (zod's pattern allows ASCII only).
-  .refine((email) => email.lastIndexOf('@') <= 64, 'must have at most 64 characters before the @');
+  .transform((value, ctx) => {
+    const parsed = parseAddress(value);
+    if (parsed.ok) return parsed.email;
+    ctx.addIssue({ code: 'custom', message: `must be a valid email address: ${parsed.reason}` });
+    return z.NEVER;
+  });
 
 export function normalizeEmail(value: string): string {
   return value.trim().toLowerCase();
