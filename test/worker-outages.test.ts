@@ -1,4 +1,4 @@
-import type { Queue } from 'bullmq';
+import { DelayedError, type Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/shared/config.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
@@ -44,6 +44,11 @@ const testProcessor = defineProcessor({
     'purge-expired': async (_payload, ctx) => {
       const id = String(ctx.job.id);
       runs.push(id);
+      // Puts itself back once to wait, as a campaign's completion check does.
+      if (id.startsWith('poll-') && runs.filter((r) => r === id).length === 1 && ctx.job.token) {
+        await ctx.job.moveToDelayed(Date.now() + 50, ctx.job.token);
+        throw new DelayedError();
+      }
       const waiting = gates.get(id);
       if (waiting) {
         gates.delete(id);
@@ -111,6 +116,15 @@ describe('worker process metrics (WORKER_METRICS_PORT)', () => {
     const missing = await fetch(`${base}/api/v2/tokens`);
     expect(missing.status).toBe(404);
     expect(((await missing.json()) as { name: string }).name).toBe('not_found');
+  });
+
+  it('counts a job that puts itself back to wait neither as failed nor as completed until it completes', async () => {
+    const failed = () => workerMetrics().then((body) => Number(/^mailroom_jobs_failed_total\{queue="maintenance"\} (\d+)/m.exec(body)?.[1] ?? 0));
+    const before = await failed();
+    await queue.add('purge-expired', {}, { jobId: 'poll-1' });
+    await waitFor('poll-1 completed', async () => (await state('poll-1')) === 'completed');
+    expect(runs.filter((r) => r === 'poll-1')).toHaveLength(2);
+    expect(await failed()).toBe(before);
   });
 
   it('counts failed attempts by queue', async () => {

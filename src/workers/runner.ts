@@ -91,6 +91,9 @@ export async function startWorkers(
           metrics.jobsCompleted.inc();
           return result;
         } catch (error) {
+          // The handler moved its job to the delayed set itself (a re-poll, a rate limit's
+          // wait): it neither failed nor completed, and no metric counts it.
+          if (error instanceof DelayedError) throw error;
           if (!isDependencyDown(error)) {
             metrics.failed.observe((performance.now() - started) / 1000);
             metrics.jobsFailed.inc();
