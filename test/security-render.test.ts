@@ -39,6 +39,19 @@ describe('rendering time is linear in the content (worst cases of the maximum si
     );
   });
 
+  // The text part of a table: html-to-text ran a table's cells together as one inline run
+  // (client HTML) or laid them out in columns (a markdown table), both at the square of the
+  // table's size: a 1 MiB markdown table held the process for minutes. Four times the table
+  // costs about four times as much now (sixteen before).
+  it.each([
+    ['a wide markdown table', (n: number) => renderEmail({ contentKind: 'markdown', content: `${'|a'.repeat(n)}\n${'|-'.repeat(n)}`, subject: 's' }), 20_000],
+    ['a tall HTML table', (n: number) => renderEmail({ contentKind: 'html', content: `<table>${`<tr>${'<td>cell</td>'.repeat(5)}</tr>`.repeat(n)}</table>`, subject: 's' }), 3_000],
+  ] as const)('the text of %s costs in proportion to its size', (_name, render, n) => {
+    const small = bestOf3(() => render(n));
+    const large = bestOf3(() => render(4 * n));
+    expect(large / small).toBeLessThan(8);
+  });
+
   it('refuses content over the maximum size', () => {
     expect(() => renderEmail({ contentKind: 'html', content: 'x'.repeat(MAX_CONTENT_CHARS + 1), subject: 's' })).toThrow(/over the limit/);
   });
