@@ -50,8 +50,20 @@ describe('capability tokens in URLs are not logged', () => {
     const proc = runService('src/api/server.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'trace' });
     try {
       const base = `http://127.0.0.1:${(await proc.waitFor(/listening at http:\/\/127\.0\.0\.1:(\d+)/, 50_000))[1]}`;
-      const tokens = Array.from({ length: 4 }, () => randomBytes(24).toString('hex'));
-      for (const path of [`/u/${tokens[0]}`, `/confirm/${tokens[1]}`, `/t/o/${tokens[2]}.gif`, `/t/c/${tokens[3]}`]) {
+      const tokens = Array.from({ length: 7 }, () => randomBytes(24).toString('hex'));
+      // Percent-encoded paths reach the same routes (`/%75/` is `/u/`), and an API token in a
+      // query string is the client's mistake, logged without it all the same.
+      const apiToken = `svc_${randomBytes(32).toString('hex')}`;
+      for (const path of [
+        `/u/${tokens[0]}`,
+        `/confirm/${tokens[1]}`,
+        `/t/o/${tokens[2]}.gif`,
+        `/t/c/${tokens[3]}`,
+        `/%75/${tokens[4]}`,
+        `/%74/o/${tokens[5]}.gif`,
+        `/t/%6F/${tokens[6]}.gif`,
+        `/api/v2/emails?token=${apiToken}`,
+      ]) {
         await fetch(`${base}${path}`, { redirect: 'manual' });
       }
       proc.child.kill('SIGTERM');
@@ -61,7 +73,7 @@ describe('capability tokens in URLs are not logged', () => {
       expect(output).toContain('"url":"/u/[redacted]"');
       expect(output).toContain('"url":"/t/c/[redacted]"');
       // ...and no token in any line.
-      for (const token of tokens) expect(output).not.toContain(token);
+      for (const token of [...tokens, apiToken]) expect(output).not.toContain(token);
     } finally {
       proc.kill();
     }

@@ -31,9 +31,25 @@ const REDACT = [
 // confirmation, tracking): whoever reads the log could use it.
 const CAPABILITY_PATH = /^(\/(?:u|confirm|t\/[oc])\/)[^?#]+/;
 
-/** A request URL as logged: the token of a capability path replaced. */
+// An API token wherever it appears in a URL (a client that put one in the query string).
+const API_TOKEN = /svc_[A-Za-z0-9]{8,}/g;
+
+/**
+ * A request URL as logged: the token of a capability path replaced, the path matched as the
+ * router matches it (percent-decoded: `/%75/{token}` is `/u/{token}`), and any API token.
+ */
 export function redactUrl(url: unknown): unknown {
-  return typeof url === 'string' ? url.replace(CAPABILITY_PATH, '$1[redacted]') : url;
+  if (typeof url !== 'string') return url;
+  const end = url.search(/[?#]/);
+  const path = end === -1 ? url : url.slice(0, end);
+  let decoded = path;
+  try {
+    decoded = decodeURIComponent(path);
+  } catch {
+    // Not valid percent-encoding: the router refuses it (404) as it is.
+  }
+  const shown = CAPABILITY_PATH.test(decoded) ? decoded.replace(CAPABILITY_PATH, '$1[redacted]') : path;
+  return (shown + (end === -1 ? '' : url.slice(end))).replace(API_TOKEN, 'svc_[redacted]');
 }
 
 interface LoggedRequest {
