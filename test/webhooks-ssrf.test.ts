@@ -43,7 +43,7 @@ const create = (url: string) =>
 
 describe('SSRF guard', () => {
   it('classifies addresses: only global unicast is public', () => {
-    for (const a of ['127.0.0.1', '10.0.0.1', '172.16.5.4', '192.168.1.1', '169.254.169.254', '100.64.0.1', '0.0.0.0', '::1', '::', 'fe80::1', 'fd00:ec2::254', '::ffff:127.0.0.1', '224.0.0.1', '255.255.255.255']) {
+    for (const a of ['127.0.0.1', '10.0.0.1', '172.16.5.4', '192.168.1.1', '169.254.169.254', '100.64.0.1', '0.0.0.0', '::1', '::', 'fe80::1', 'fd00:ec2::254', '::ffff:127.0.0.1', '::7f00:1', '::808:808', '224.0.0.1', '255.255.255.255']) {
       expect(isPublicAddress(a), a).toBe(false);
     }
     for (const a of [PUBLIC, '8.8.8.8', '2606:4700:4700::1111', '::ffff:8.8.8.8']) expect(isPublicAddress(a), a).toBe(true);
@@ -56,6 +56,10 @@ describe('SSRF guard', () => {
       'http://localhost:3000/hook',
       'http://169.254.169.254/latest/meta-data',
       'http://[::ffff:127.0.0.1]/hook',
+      // IPv4-compatible (::/96): 127.0.0.1, 10.0.0.1 and 192.168.0.1 written the deprecated way.
+      'http://[::7f00:1]:8099/hook',
+      'http://[::a00:1]/hook',
+      'http://[::c0a8:1]/hook',
       'http://private.test/hook',
       'http://mixed.test/hook',
       'https://metadata.test/hook',

@@ -17,7 +17,13 @@ import type { DnsLookup } from '../dns/types.js';
 export function isPublicAddress(address: string): boolean {
   if (!ipaddr.isValid(address)) return false;
   let parsed = ipaddr.parse(address);
-  if (parsed.kind() === 'ipv6' && (parsed as ipaddr.IPv6).isIPv4MappedAddress()) parsed = (parsed as ipaddr.IPv6).toIPv4Address();
+  if (parsed.kind() === 'ipv6') {
+    const v6 = parsed as ipaddr.IPv6;
+    // ::/96, the deprecated IPv4-compatible addresses (RFC 4291 2.5.5.1; `::7f00:1` is
+    // 127.0.0.1's): ipaddr.js calls them unicast, no public host has one.
+    if (v6.parts.slice(0, 6).every((part) => part === 0)) return false;
+    if (v6.isIPv4MappedAddress()) parsed = v6.toIPv4Address();
+  }
   return parsed.range() === 'unicast';
 }
 
