@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Organization } from '../src/shared/db/entities/index.js';
 import { bearer, createTestContext, type TestContext } from './helpers/context.js';
-import { databaseUrl, dropDatabase } from './helpers/database.js';
+import { adminQuery, databaseUrl, dropDatabase } from './helpers/database.js';
 import { ROOT, runCli } from './helpers/process.js';
 
 let ctx: TestContext;
@@ -129,6 +129,20 @@ describe('migrate', () => {
       expect(again.stderr).toContain('database is up to date');
       const org = await runCli(['org', 'create', '--name', 'Fresh', '--json'], env);
       expect(org.code).toBe(0);
+    } finally {
+      await dropDatabase(name);
+    }
+  });
+
+  it('two runs at once on a new database both succeed (the one that collides waits and finds the migrations applied)', async () => {
+    const name = `mailroom_test_cli_${randomBytes(4).toString('hex')}`;
+    const env = { ...ctx.env.env, DATABASE_URL: databaseUrl(name) };
+    try {
+      // The database first (creating it twice at once is another race, and not this one).
+      await adminQuery(`create database "${name}"`);
+      const runs = await Promise.all([runCli(['migrate'], env), runCli(['migrate'], env)]);
+      expect(runs.map((r) => r.code), runs.map((r) => r.stderr).join('\n')).toEqual([0, 0]);
+      expect((await runCli(['migrate'], env)).stderr).toContain('database is up to date');
     } finally {
       await dropDatabase(name);
     }

@@ -64,10 +64,36 @@ export async function initOrm(options: OrmOptions): Promise<Orm> {
   return MikroORM.init(ormOptions(options));
 }
 
-/** Applies every committed migration that has not run yet; returns the names applied. */
+// What a migration run sees when another process applies the same migrations at that moment
+// (two `npm start` or `migrate` at once on a new database): a table, type or index it is
+// creating already exists (42P07, 42710, 23505 on the catalog), or a deadlock with it (40P01).
+const CONCURRENT_MIGRATION = new Set(['42P07', '42710', '23505', '40P01']);
+const MIGRATION_ATTEMPTS = 20;
+
+function sqlStateOf(error: unknown): string | undefined {
+  for (let e = error as { code?: unknown; cause?: unknown } | undefined, depth = 0; e && depth < 5; e = e.cause as typeof e, depth++) {
+    if (typeof e.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code)) return e.code;
+  }
+  return undefined;
+}
+
+/**
+ * Applies every committed migration that has not run yet; returns the names applied. Each
+ * migration runs in a transaction, so a run that collides with another process's (its own
+ * migration rolled back) waits and starts again: it then finds them applied. No advisory
+ * lock, which a pooler in transaction mode would not keep (README "Running in production").
+ */
 export async function migrate(orm: Orm): Promise<string[]> {
-  const applied = await orm.getMigrator().up();
-  return applied.map((m) => m.name);
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const applied = await orm.getMigrator().up();
+      return applied.map((m) => m.name);
+    } catch (error) {
+      const state = sqlStateOf(error);
+      if (attempt >= MIGRATION_ATTEMPTS || state === undefined || !CONCURRENT_MIGRATION.has(state)) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 250 * attempt));
+    }
+  }
 }
 
 /** Creates the database named in the URL when it does not exist (npm start on a fresh machine). */
