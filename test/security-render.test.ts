@@ -68,6 +68,19 @@ describe('the API renders off its event loop', () => {
   });
   afterAll(async () => ctx?.close());
 
+  it('an HTML body nested deeper than 1,000 elements is 422 (parsers recurse: 10,000 overflowed the stack), 1,000 is taken', async () => {
+    const send = (html: string) =>
+      ctx.app.inject({ method: 'POST', url: '/api/v2/emails', headers: bearer(token), payload: { from: 'a@example.test', to: 'b@example.net', subject: 's', html } });
+    const deep = await send(`${'<div>'.repeat(1_001)}x${'</div>'.repeat(1_001)}`);
+    expect(deep.statusCode).toBe(422);
+    expect(deep.json().details).toEqual([{ path: 'html', message: 'is nested deeper than 1000 elements' }]);
+    // Elements that need no end tag (p, li, td, ...) and void ones do not deepen it.
+    expect((await send(`${'<div>'.repeat(1_000)}${'<p>a<br>'.repeat(5_000)}${'</div>'.repeat(1_000)}`)).statusCode).toBe(200);
+    // The same refused when rendered (a markdown body holding raw HTML), at once.
+    expect(bestOf3(() => expect(() => renderEmail({ contentKind: 'markdown', content: '<div>'.repeat(200_000), subject: 's' })).toThrow(/nested deeper/))).toBeLessThan(1_000);
+    await ctx.services.orm.em.fork().execute('delete from emails');
+  });
+
   it('a batch item over the content limit is 422 and nothing is written', async () => {
     const res = await ctx.app.inject({
       method: 'POST',

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { ContentKind, EmailSource, EmailTag } from '../db/entities/email.js';
 import { hasLineBreak, parseMailbox } from './addresses.js';
 import { unstorableInJsonText } from '../storable.js';
-import { MAX_CONTENT_CHARS, tiptapProblem } from './render.js';
+import { MAX_CONTENT_CHARS, MAX_NESTING, nestedTooDeep, tiptapProblem } from './render.js';
 
 /**
  * The send body of docs/emails.md "Validation", shared by `POST /emails`, the batch and any
@@ -56,7 +56,7 @@ export const SendEmailBody = z
       .min(1, 'is required')
       .max(MAX_SUBJECT, `at most ${MAX_SUBJECT} characters`)
       .refine((v) => !hasLineBreak(v), 'must not contain CR or LF'),
-    html: content().min(1).optional(),
+    html: content().min(1).refine((html) => !nestedTooDeep(html), `is nested deeper than ${MAX_NESTING} elements`).optional(),
     markdown: content().min(1).optional(),
     tiptap: z
       .union([z.record(z.string(), z.unknown()), content()])

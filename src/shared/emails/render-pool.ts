@@ -65,7 +65,7 @@ export class RenderPool {
       this.pump();
     });
     if (answer.ok) return answer.value;
-    if (answer.name === 'ContentTooLargeError') throw new ValidationError(`content: ${answer.message}`, [{ path: 'content', message: answer.message }]);
+    if (answer.name === 'ContentTooLargeError' || answer.name === 'ContentTooDeepError') throw new ValidationError(`content: ${answer.message}`, [{ path: 'content', message: answer.message }]);
     throw new Error(`render failed: ${answer.name}: ${answer.message}`);
   }
 

@@ -45,6 +45,56 @@ export class ContentTooLargeError extends Error {
   }
 }
 
+/** HTML nested deeper than MAX_NESTING elements: no email needs it, and parsing it is not linear. */
+export class ContentTooDeepError extends Error {
+  constructor() {
+    super(`content is nested deeper than ${MAX_NESTING} elements`);
+    this.name = 'ContentTooDeepError';
+  }
+}
+
+// An email's layout tables nest a few dozen deep; HTML parsers and text converters walk the
+// tree recursively: 10,000 open elements overflowed the stack, 100,000 took seconds to parse.
+export const MAX_NESTING = 1_000;
+// Elements that hold no content, and those whose end tag may be left out (the next one closes
+// them): neither deepens the tree by being opened.
+const SCRIPT_END = /<\/script/gi;
+const STYLE_END = /<\/style/gi;
+const VOID_OR_OPTIONAL = new Set(
+  'area base br col embed hr img input link meta source track wbr p li dt dd tr td th option optgroup thead tbody tfoot colgroup rb rt rtc rp'.split(' '),
+);
+
+/**
+ * Whether HTML opens more than MAX_NESTING elements without closing them, counted in one pass
+ * (a tag ends at the first `>` after it: without one, no tag follows; comments and the text
+ * of `script` and `style` are skipped).
+ */
+export function nestedTooDeep(html: string): boolean {
+  let depth = 0;
+  for (let at = html.indexOf('<'); at !== -1; at = html.indexOf('<', at + 1)) {
+    if (html.startsWith('<!--', at)) {
+      at = html.indexOf('-->', at + 4);
+      if (at === -1) return false;
+      continue;
+    }
+    const end = html.indexOf('>', at + 1);
+    if (end === -1) return false;
+    const closing = html[at + 1] === '/';
+    const name = /^[A-Za-z][A-Za-z0-9-]*/.exec(html.slice(at + (closing ? 2 : 1), Math.min(end, at + 40)))?.[0]?.toLowerCase();
+    if (name === undefined) continue;
+    if (closing) depth = Math.max(0, depth - 1);
+    else if (name === 'script' || name === 'style') {
+      const close = name === 'script' ? SCRIPT_END : STYLE_END;
+      close.lastIndex = end;
+      if (!close.exec(html)) return false;
+      at = close.lastIndex - 1;
+      continue;
+    } else if (!VOID_OR_OPTIONAL.has(name) && html[end - 1] !== '/' && ++depth > MAX_NESTING) return true;
+    at = Math.max(at, end - 1);
+  }
+  return false;
+}
+
 // Configured once and holding no state between parses: shared by every render.
 const marked = new Marked({ gfm: true, breaks: false, async: false });
 
@@ -205,6 +255,7 @@ export function renderEmail(input: RenderInput): Rendered {
 /** renderEmail for content whose source was already checked (a campaign's rendered layout). */
 export function renderChecked(input: RenderInput): Rendered {
   if (input.contentKind === 'html') {
+    if (nestedTooDeep(input.content)) throw new ContentTooDeepError();
     // The client's own HTML is kept as written: only the preheader is added and any <style>
     // block inlined (juice keeps media queries in the <style>).
     let html = withPreheader(input.content, input.preview);
@@ -212,6 +263,7 @@ export function renderChecked(input: RenderInput): Rendered {
     return { html, text: input.text ?? htmlToText(html) };
   }
   const body = input.contentKind === 'markdown' ? markdownToHtml(input.content) : tiptapToHtml(JSON.parse(input.content) as JSONContent);
+  if (nestedTooDeep(body)) throw new ContentTooDeepError();
   // The text comes from the bare body: the layout and styles add no text, and parsing a
   // third of the HTML is a third of the cost.
   return { html: laidOut(body, input.subject, input.preview), text: input.text ?? generatedText(body) };
