@@ -23,6 +23,8 @@ const IMMUTABLE: Record<string, string> = {
   'src/shared/emails/transport.ts:THROTTLE_CODES': 'a fixed list',
   'src/shared/emails/queries.ts:JSONB': 'a fixed list of columns',
   'src/shared/emails/render.ts:STYLED_TAGS': 'the keys of a constant',
+  'src/shared/emails/render.ts:VOID_OR_OPTIONAL': 'a fixed list',
+  'src/shared/db/orm.ts:CONCURRENT_MIGRATION': 'a fixed list',
   'src/shared/bounces/report.ts:DAEMON_LOCAL_PARTS': 'a fixed list',
   'src/shared/bounces/report.ts:PLAIN_ENCODINGS': 'a fixed list',
   'src/shared/bounces/report.ts:STATUS_TYPES': 'a fixed list',
