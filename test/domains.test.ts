@@ -321,16 +321,18 @@ describe('verification (docs/domains.md "Verification")', () => {
     expect(checked!.pendingSince).toEqual(later);
   });
 
+  /** A check of the domain `hours` after its pending window opened. */
+  async function checkAfter(id: string, hours: number) {
+    const row = await ctx.services.orm.em.fork().findOneOrFail(Domain, { id });
+    return checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, id, new Date(row.pendingSince!.getTime() + hours * 3600_000));
+  }
+
   it('fails after 72 hours pending, and verify starts a new window', async () => {
     const created = await addDomain('failing.example');
     await api('POST', `/domains/${created.id}/verify`);
     await waitFor(() => api('GET', `/domains/${created.id}`).then((r) => r.json()), (b) => b.message?.startsWith('Waiting'));
-    const row = await ctx.services.orm.em.fork().findOneOrFail(Domain, { id: created.id });
-    const at71h = new Date(row.pendingSince!.getTime() + 71 * 3600_000);
-    expect((await checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, created.id, at71h))!.status).toBe('PENDING');
-    const at72h = new Date(row.pendingSince!.getTime() + 72 * 3600_000);
-    const failed = await checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, created.id, at72h);
-    expect(failed).toMatchObject({ status: 'FAILED', nextCheckAt: null });
+    expect(await checkAfter(created.id, 71)).toMatchObject({ status: 'PENDING' });
+    expect(await checkAfter(created.id, 72)).toMatchObject({ status: 'FAILED', nextCheckAt: null });
     const body = (await api('GET', `/domains/${created.id}`)).json();
     expect(body.status).toBe('FAILED');
     expect(body.message).toContain('72 hours');
@@ -344,11 +346,8 @@ describe('verification (docs/domains.md "Verification")', () => {
     dnsServer.set(created.dnsRecords.find((r) => r.purpose === 'dkim')!.name, { servfail: true });
     await api('POST', `/domains/${created.id}/verify`);
     await waitFor(() => api('GET', `/domains/${created.id}`).then((r) => r.json()), (b) => b.message?.includes('right now'));
-    const row = await ctx.services.orm.em.fork().findOneOrFail(Domain, { id: created.id });
-    const at71h = new Date(row.pendingSince!.getTime() + 71 * 3600_000);
-    expect((await checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, created.id, at71h))!.status).toBe('PENDING');
-    const at72h = new Date(row.pendingSince!.getTime() + 72 * 3600_000);
-    expect(await checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, created.id, at72h)).toMatchObject({ status: 'FAILED', nextCheckAt: null });
+    expect(await checkAfter(created.id, 71)).toMatchObject({ status: 'PENDING' });
+    expect(await checkAfter(created.id, 72)).toMatchObject({ status: 'FAILED', nextCheckAt: null });
     const body = (await api('GET', `/domains/${created.id}`)).json();
     expect(body.message).toMatch(/within 72 hours .*could not be looked up right now \(ESERVFAIL\)/);
     expect(body.dnsRecords.find((r: DnsRecordBody) => r.purpose === 'dkim').status).toBe('FAILED');

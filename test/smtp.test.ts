@@ -485,9 +485,7 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
       expect((await api('GET', `/emails/${id}`)).json().subject).toBe('from the role');
       // This process's own count of what it accepted, where Prometheus can scrape it.
       await proc.waitFor(/metrics listening/, 10_000);
-      expect((await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).status).toBe(200);
-      expect((await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status).toBe(200);
-      expect(await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text()).toMatch(/^mailroom_emails_accepted_total\{source="smtp"\} 1$/m);
+      await expectProbes(metricsPort, /^mailroom_emails_accepted_total\{source="smtp"\} 1$/m);
       proc.child.kill('SIGTERM');
       expect(await proc.exited).toBe(0);
     } finally {
@@ -507,9 +505,7 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
       await dialog.send('MAIL FROM:<>');
       expect(await dialog.send('RCPT TO:<nobody@nowhere.test>')).toMatch(/^550 /);
       dialog.close();
-      expect((await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).status).toBe(200);
-      expect((await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status).toBe(200);
-      expect(await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text()).toMatch(/^mailroom_inbound_reports_total\{outcome="refused"\} 1$/m);
+      await expectProbes(metricsPort, /^mailroom_inbound_reports_total\{outcome="refused"\} 1$/m);
       // Stopped as a Procfile role is (tsx's node child goes with it), and it exits 0.
       proc.child.kill('SIGTERM');
       expect(await proc.exited).toBe(0);
@@ -518,6 +514,14 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
     }
   }, 60_000);
 });
+
+/** A role's liveness, readiness and one of its metrics, on its WORKER_METRICS_PORT. */
+async function expectProbes(port: number, metric: RegExp): Promise<void> {
+  const base = `http://127.0.0.1:${port}`;
+  expect((await fetch(`${base}/healthz`)).status).toBe(200);
+  expect((await fetch(`${base}/readyz`)).status).toBe(200);
+  expect(await (await fetch(`${base}/metrics`)).text()).toMatch(metric);
+}
 
 describe('reading a message (docs/smtp.md "From a message to an email")', () => {
   it('decodes names, keeps groups in To, maps to, cc and bcc, and reads 8-bit headers as UTF-8', async () => {
