@@ -446,6 +446,7 @@ describe('senders (docs/domains.md "Endpoints")', () => {
     ['a quoted local part', { name: 'X', email: '"not an email"@senders.example' }, 'not a valid address'],
     ['a line break in the address', { name: 'X', email: 'a\r\nBcc: x@evil.example@senders.example' }, 'not a valid address'],
     ['a line break in the name', { name: 'News\r\nBcc: x@evil.example', email: 'b@senders.example' }, 'one line'],
+    ['a control character in the name', { name: 'News\u000bX\u001b[31m', email: 'b@senders.example' }, 'control characters'],
     ['an empty name', { name: ' ', email: 'a@senders.example' }, ''],
   ])('refuses %s with 422 and writes nothing', async (_label, body, message) => {
     const before = await countRows(Sender);

@@ -36,7 +36,7 @@ ${table('Domains', ['Domain', 'Status', 'Senders', 'Added'], rows)}`;
     const { caller } = signedIn(request, 'domains');
     const input = parseWith(CreateDomainBody, { domain: optional(formOf(request).domain) ?? '' });
     const domain = await createDomain(request.em, services.box, caller.organizationId, mailHost, input, services.clock(), services.config.maxDomainsPerOrganization);
-    await announceDomainChange(services.redis, services.config, caller.organizationId);
+    await announceDomainChange(services, caller.organizationId);
     return reply.redirect(`/app/domains/${domain.id}?notice=created`, 303);
   });
 

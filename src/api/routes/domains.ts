@@ -11,7 +11,7 @@ import {
   verifyDomain,
 } from '../../shared/domains/service.js';
 import { iso, limitQuery, list, listEnvelope, Timestamp } from '../schemas.js';
-import { hasLineBreak } from '../../shared/emails/addresses.js';
+import { hasControlCharacter, hasLineBreak } from '../../shared/emails/addresses.js';
 import type { App } from '../types.js';
 
 const Status = z.enum(['NOT_STARTED', 'PENDING', 'VERIFIED', 'FAILED']);
@@ -75,7 +75,8 @@ export const CreateSenderBody = z.object({
     .trim()
     .min(1, 'must be 1 to 100 characters')
     .max(100, 'must be 1 to 100 characters')
-    .refine((name) => !hasLineBreak(name), 'must be one line (no line break)'),
+    .refine((name) => !hasLineBreak(name), 'must be one line (no line break)')
+    .refine((name) => hasLineBreak(name) || !hasControlCharacter(name), 'must not contain control characters'),
   email: z.string().trim().max(320),
 });
 
@@ -116,7 +117,7 @@ export async function domainsRoutes(app: App): Promise<void> {
         app.services.config.maxDomainsPerOrganization,
       );
       // Sending processes that cached "no such domain" sign its mail from now on.
-      await announceDomainChange(app.services.redis, app.services.config, request.caller.organizationId);
+      await announceDomainChange(app.services, request.caller.organizationId);
       return presentDomain(domain);
     },
   );
@@ -189,7 +190,7 @@ export async function domainsRoutes(app: App): Promise<void> {
     async (request) => {
       const domain = await deleteDomain(request.em, request.caller.organizationId, request.params.domain);
       // Sending processes stop signing with its key now, not when their cache expires.
-      await announceDomainChange(app.services.redis, app.services.config, request.caller.organizationId);
+      await announceDomainChange(app.services, request.caller.organizationId);
       return { object: 'domain' as const, id: domain.id, deleted: true as const };
     },
   );

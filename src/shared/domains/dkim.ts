@@ -61,9 +61,16 @@ export function domainChangesChannel(config: Pick<Config, 'redisPrefix'>): strin
   return redisKey(config, 'domains-changed');
 }
 
-/** Announces that an organization's domains changed (after the commit); false when Redis is down. */
-export function announceDomainChange(redis: Redis, config: Pick<Config, 'redisPrefix'>, organizationId: string): Promise<boolean> {
-  return announce(redis, domainChangesChannel(config), organizationId);
+/**
+ * Announces that an organization's domains changed (after the commit). With Redis down the
+ * other processes keep their cached keys until their 60 s run out: said in the log.
+ */
+export async function announceDomainChange(
+  services: { redis: Redis; config: Pick<Config, 'redisPrefix'>; logger: Pick<Logger, 'warn'> },
+  organizationId: string,
+): Promise<void> {
+  if (await announce(services.redis, domainChangesChannel(services.config), organizationId)) return;
+  services.logger.warn({ organizationId }, 'domain change not announced (Redis unreachable): sending processes keep their DKIM keys up to 60 s');
 }
 
 /**

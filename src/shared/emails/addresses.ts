@@ -28,6 +28,11 @@ export function isAddress(value: string): boolean {
   return ADDRESS.test(value);
 }
 
+/** Whether a value holds a control character other than a tab (whitespace a header may hold). */
+export function hasControlCharacter(value: string): boolean {
+  return /[\x00-\x08\x0a-\x1f\x7f]/.test(value);
+}
+
 /** Whether a value would break out of its header line (header injection). */
 export function hasLineBreak(value: string): boolean {
   return /[\r\n]/.test(value);
@@ -40,7 +45,7 @@ export function hasLineBreak(value: string): boolean {
 export function parseMailbox(value: string): Mailbox | undefined {
   // addressparser drops control characters: `a\x01b@x` would pass as `ab@x` and be kept as
   // written. A tab is whitespace a header may hold.
-  if (hasLineBreak(value) || /[\x00-\x08\x0a-\x1f\x7f]/.test(value)) return undefined;
+  if (hasControlCharacter(value)) return undefined;
   const trimmed = value.trim();
   if (isAddress(trimmed)) return { name: '', address: trimmed };
   const parsed = addressparser(trimmed, { flatten: false });
