@@ -215,6 +215,13 @@ describe('tool schemas say what the tools refuse', () => {
     expect(schema('list_subscribers').properties.tag).toMatchObject({ minLength: 1, maxLength: 100 });
     const refused = await runOverHttp(ctx, token, 'list_subscribers', { tag: '' });
     expect(refused).toMatchObject({ statusCode: 422, body: { details: [{ path: 'arguments.tag' }] } });
+    for (const [name, args, path] of [
+      ['list_webhook_deliveries', { webhookId: 'whk_x', before: '' }, 'arguments.before'],
+      ['list_webhooks', { after: '' }, 'arguments.after'],
+      ['list_campaigns', { after: 'c'.repeat(101) }, 'arguments.after'],
+    ] as const) {
+      expect(await runOverHttp(ctx, token, name, args), name).toMatchObject({ statusCode: 422, body: { details: [{ path }] } });
+    }
   });
 });
 
@@ -363,8 +370,11 @@ describe('verify_email', () => {
     // Permission before the arguments, as on the endpoint: arguments that fail the schema too.
     const bad = await runBoth(ctx, clients, narrow, 'verify_email', {});
     expect(bad).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
+    // The email reads answer their 403 named validation_error (spec 5.3), bad arguments or not.
     const badId = await runBoth(ctx, clients, narrow, 'get_email', { id: 42 });
-    expect(badId).toMatchObject({ statusCode: 403 });
+    expect(badId).toMatchObject({ statusCode: 403, body: { name: 'validation_error' } });
+    const badList = await runBoth(ctx, clients, narrow, 'list_emails', { after: '' });
+    expect(badList).toMatchObject({ statusCode: 403, body: { name: 'validation_error' } });
   });
 });
 

@@ -93,6 +93,9 @@ function campaignOut({ campaign: c, sender, recipientCount }: CampaignView): z.i
 const Params = z.object({ campaignId: z.string().max(100) });
 
 /** docs/campaigns.md "API decisions"; also the `schedule_campaign` tool's arguments (src/api/tools/catalog.ts). */
+/** `GET /campaigns`' query (the `list_campaigns` tool takes the same filters). */
+export const ListCampaignsQuery = z.object({ limit: limitQuery.optional(), after: z.string().max(100).optional(), status: z.enum(CAMPAIGN_STATUSES).optional() });
+
 export const SendBody = z.strictObject({
   scheduledAt: z.string().max(100).nullish().describe('ISO 8601; without an offset, a wall-clock time in timezone; absent or null: now'),
   timezone: z.string().max(100).nullish().describe('IANA time zone, default Europe/Paris'),
@@ -115,7 +118,7 @@ export async function campaignsRoutes(app: App): Promise<void> {
       schema: {
         tags,
         summary: 'List campaigns, newest first',
-        querystring: z.object({ limit: limitQuery.optional(), after: z.string().max(100).optional(), status: z.enum(CAMPAIGN_STATUSES).optional() }),
+        querystring: ListCampaignsQuery,
         response: { 200: listEnvelope(CampaignOut) },
       },
     },

@@ -51,6 +51,9 @@ const Events = z
 
 const Description = z.string().max(500, 'at most 500 characters').nullable();
 
+/** The webhook lists' query (their tools take the same cursors). */
+export const ListDeliveriesQuery = z.object({ limit: limitQuery.optional(), after: z.string().min(1).optional(), before: z.string().min(1).optional() });
+
 export const CreateWebhookBody = z.strictObject({ url: WebhookUrl, events: Events, description: Description.optional() });
 export const PatchWebhookBody = z.strictObject({
   url: WebhookUrl.optional(),
@@ -121,7 +124,7 @@ export async function webhooksRoutes(app: App): Promise<void> {
       schema: {
         tags,
         summary: 'List webhook endpoints, newest first',
-        querystring: z.object({ limit: limitQuery.optional(), after: z.string().min(1).optional() }),
+        querystring: ListDeliveriesQuery.pick({ limit: true, after: true }),
         response: { 200: listEnvelope(WebhookShape) },
       },
     },
@@ -168,7 +171,7 @@ export async function webhooksRoutes(app: App): Promise<void> {
         tags,
         summary: 'List the deliveries of a webhook endpoint, newest first',
         params: WebhookParams,
-        querystring: z.object({ limit: limitQuery.optional(), after: z.string().min(1).optional(), before: z.string().min(1).optional() }),
+        querystring: ListDeliveriesQuery,
         response: { 200: listEnvelope(DeliveryShape) },
       },
     },

@@ -1,12 +1,11 @@
 import { z } from 'zod';
-import { CAMPAIGN_STATUSES } from '../../shared/db/entities/campaign.js';
 import { ONE_BODY_FIELD, SendEmailBody } from '../../shared/emails/input.js';
 import type { Permission } from '../../shared/tokens/permissions.js';
-import { SendBody as SendCampaignBody } from '../routes/campaigns.js';
+import { ListCampaignsQuery, SendBody as SendCampaignBody } from '../routes/campaigns.js';
 import { ListEmailsQuery } from '../routes/emails.js';
 import { CreateBody as CreateSubscriberBody, ListSubscribersQuery, PatchBody as PatchSubscriberBody } from '../routes/subscribers.js';
 import { VerifyBody } from '../routes/verification.js';
-import { CreateWebhookBody } from '../routes/webhooks.js';
+import { CreateWebhookBody, ListDeliveriesQuery } from '../routes/webhooks.js';
 import { strictBody } from '../validation.js';
 import { segment, type EndpointRequest } from './dispatch.js';
 
@@ -166,8 +165,8 @@ export const tools: Tool[] = [
     permission: 'campaigns',
     inputSchema: z.object({
       limit: Limit.optional().describe('1 to 100, default 20'),
-      after: z.string().optional().describe('A campaign id: list campaigns older than it'),
-      status: z.enum(CAMPAIGN_STATUSES).optional(),
+      after: ListCampaignsQuery.shape.after.describe('A campaign id: list campaigns older than it'),
+      status: ListCampaignsQuery.shape.status,
     }),
     readOnly: true,
     toRequest: (query) => ({ method: 'GET', url: '/api/v2/campaigns', query }),
@@ -211,7 +210,7 @@ export const tools: Tool[] = [
     permission: 'settings',
     inputSchema: z.object({
       limit: Limit.optional().describe('1 to 100, default 20'),
-      after: z.string().optional().describe('A webhook id: list endpoints older than it'),
+      after: ListDeliveriesQuery.shape.after.describe('A webhook id: list endpoints older than it'),
     }),
     readOnly: true,
     toRequest: (query) => ({ method: 'GET', url: '/api/v2/webhooks', query }),
@@ -231,8 +230,8 @@ export const tools: Tool[] = [
     inputSchema: z.object({
       webhookId: Id('Webhook id (whk_...)'),
       limit: Limit.optional().describe('1 to 100, default 20'),
-      after: z.string().optional().describe('A delivery id (msg_...): list deliveries older than it'),
-      before: z.string().optional().describe('A delivery id (msg_...): list deliveries newer than it'),
+      after: ListDeliveriesQuery.shape.after.describe('A delivery id (msg_...): list deliveries older than it'),
+      before: ListDeliveriesQuery.shape.before.describe('A delivery id (msg_...): list deliveries newer than it'),
     }),
     readOnly: true,
     toRequest: ({ webhookId, ...query }) => ({ method: 'GET', url: `/api/v2/webhooks/${segment(webhookId)}/deliveries`, query }),
