@@ -100,6 +100,8 @@ describe('POST /api/v2/subscribers (docs/audience.md "Writes")', () => {
 
   it('checks an address as the verifier does: an IDN domain kept in ASCII, every atext character, no double dot', async () => {
     expect((await api('POST', '/subscribers', { email: 'Anna@Bücher.example' })).json().email).toBe('anna@xn--bcher-kva.example');
+    // Found again by the address as it was given.
+    expect((await api('GET', `/subscribers/${encodeURIComponent('Anna@Bücher.example')}`)).json().email).toBe('anna@xn--bcher-kva.example');
     expect((await api('POST', '/subscribers', { email: "o'brien+news!@example.com" })).statusCode).toBe(200);
     const refused = await api('POST', '/subscribers', { email: 'jane..doe@example.com' });
     expect(refused.statusCode).toBe(422);

@@ -24,8 +24,10 @@ export const EmailAddress = z
     return z.NEVER;
   });
 
+/** An address as it is stored (EmailAddress's form, an IDN domain in ASCII), to look one up by. */
 export function normalizeEmail(value: string): string {
-  return value.trim().toLowerCase();
+  const parsed = parseAddress(value);
+  return parsed.ok ? parsed.email : value.trim().toLowerCase();
 }
 
 /** ISO 3166-1 alpha-2, any case on input, stored upper-case. */
