@@ -267,6 +267,11 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     expect(await path({ scheduledAt: '2001-01-01T00:00:00Z' })).toBe('scheduledAt');
     expect(await path({ scheduledAt: 'next tuesday' })).toBe('scheduledAt');
     expect(await path({ scheduledAt: '2030-02-30T10:00' })).toBe('scheduledAt');
+    // Content nested deeper than the renderers take (raw HTML in markdown) is refused before it is parsed.
+    const deep = await createCampaign({ content: `${'<div>'.repeat(1_001)}[Unsubscribe]({{unsubscribe_url}})` });
+    const refused = await api('POST', `/campaigns/${deep.id}/send`, {});
+    expect(refused.statusCode).toBe(400);
+    expect(refused.json().details).toEqual([{ path: 'content', message: 'is nested deeper than 1000 elements' }]);
     // An offset beyond RFC 3339's bounds would move the send by days.
     for (const scheduledAt of ['2030-07-15T09:00:00+99:99', '2030-07-15T09:00:00+24:00', '2030-07-15T09:00-0560']) expect(await path({ scheduledAt })).toBe('scheduledAt');
     expect(await path({ timezone: 'Mars/Olympus' })).toBe('timezone');

@@ -387,6 +387,9 @@ describe('bad input gets its reply and stores nothing', () => {
     expect(await submit('From: a@acme.test, b@acme.test\r\nSubject: two\r\n\r\nx')).toMatch(/^554 5\.6\.0 /);
     expect(await submit(`From: a@acme.test\r\nSubject: long\r\n\r\n${'y'.repeat(999)}`)).toMatch(/^554 5\.6\.0 .*998/);
     expect(await submit('From: a@acme.test\r\nX-Mailroom-Tags: bad tag=1\r\nSubject: tags\r\n\r\nx')).toMatch(/^554 5\.6\.0 X-Mailroom-Tags/);
+    // HTML nested deeper than the API takes (tracking parses it).
+    const deepHtml = `From: a@acme.test\r\nSubject: deep\r\nContent-Type: text/html\r\n\r\n${'<div>\r\n'.repeat(1_001)}x`;
+    expect(await submit(deepHtml)).toMatch(/^554 5\.6\.0 Message HTML is nested deeper than 1000 elements/);
     // A folded Subject past the API's 998 characters, no line of it over 998.
     const folded = `Subject: ${Array.from({ length: 20 }, () => 's'.repeat(79)).join('\r\n ')}`;
     expect(await submit(`From: a@acme.test\r\n${folded}\r\n\r\nx`)).toMatch(/^554 5\.6\.0 Subject is longer than 998/);

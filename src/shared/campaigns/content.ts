@@ -1,6 +1,6 @@
 import { parseFragment, type DefaultTreeAdapterMap } from 'parse5';
 import type { CampaignContentType } from '../db/entities/campaign.js';
-import { assertContentSize, laidOut, markdownToHtml, renderChecked } from '../emails/render.js';
+import { assertContentSize, ContentTooDeepError, laidOut, markdownToHtml, nestedTooDeep, renderChecked } from '../emails/render.js';
 import { unstorableInJsonText } from '../storable.js';
 import { UNSUBSCRIBE_TARGET } from './html.js';
 import { mailyHasUnsubscribeLink, mailyProblem, mailyToHtml } from './maily.js';
@@ -48,6 +48,8 @@ function markdownHasUnsubscribeLink(markdown: string): boolean {
  */
 function htmlHasUnsubscribeLink(html: string): boolean {
   if (!/unsubscribe_url/i.test(html)) return false;
+  // parse5 is not linear in the nesting (20,000 nested divs took seconds): refused first.
+  if (nestedTooDeep(html)) throw new ContentTooDeepError();
   const stack: Node[] = [parseFragment(html)];
   while (stack.length > 0) {
     const node = stack.pop()!;

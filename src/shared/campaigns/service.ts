@@ -14,6 +14,7 @@ import type { Config } from '../config.js';
 import { assertSendingAllowed, takeTestSend, type PolicyConfig } from '../domains/sending-policy.js';
 import type { RenderPool } from '../emails/render-pool.js';
 import { hasUnsubscribeLink, normalizeContent } from './content.js';
+import { ContentTooDeepError } from '../emails/render.js';
 import { countRecipients, deleteCampaignRows, scheduleDraft } from './queries.js';
 import { fillHtml, fillSubject, fillText, variablesOf } from './personalize.js';
 import { assertTransition } from './state.js';
@@ -273,7 +274,14 @@ async function scheduleLockedCampaign(
   // the campaign's own: status, time, unsubscribe link).
   await assertSendingAllowed(em, deps.config, organizationId, sender.email, 'senderId', 422);
   if (!campaign.subject.trim()) throw v400('subject', 'the campaign has no subject');
-  if (!hasUnsubscribeLink(campaign.contentType, campaign.content)) {
+  let linked: boolean;
+  try {
+    linked = hasUnsubscribeLink(campaign.contentType, campaign.content);
+  } catch (error) {
+    if (error instanceof ContentTooDeepError) throw v400('content', error.message.replace(/^content /, ''));
+    throw error;
+  }
+  if (!linked) {
     throw v400('content', 'the content has no unsubscribe link: add a link whose target is {{unsubscribe_url}}');
   }
   assertTransition(campaign.status, 'SCHEDULED', 400);

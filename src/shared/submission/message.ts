@@ -1,6 +1,7 @@
 import { simpleParser, type AddressObject, type EmailAddress, type HeaderLines, type ParsedMail } from 'mailparser';
 import type { EmailTag } from '../db/entities/email.js';
 import { asciiAddress, isAddress } from '../emails/addresses.js';
+import { MAX_NESTING, nestedTooDeep } from '../emails/render.js';
 import addressparser from 'nodemailer/lib/addressparser/index.js';
 import { replies } from './reply.js';
 import { unstorable } from '../storable.js';
@@ -215,6 +216,8 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   const html = typeof mail.html === 'string' ? mail.html : '';
   const text = mail.text ?? null;
   if (unstorableText(subject) || unstorableText(html) || unstorableText(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
+  // As the API's html: tracking parses it, and parsers are not linear in the nesting.
+  if (html && nestedTooDeep(html)) throw replies.malformed(`Message HTML is nested deeper than ${MAX_NESTING} elements`);
   const tags = tagsOf(mail);
 
   // The mapping of docs/smtp.md "From a message to an email". Without any To address
