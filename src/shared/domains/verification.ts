@@ -45,9 +45,8 @@ export function nextPendingCheck(pendingSince: Date, now: Date): Date {
   const age = now.getTime() - pendingSince.getTime();
   const interval = age < HOUR ? MINUTE : age < 6 * HOUR ? 10 * MINUTE : age < 24 * HOUR ? 30 * MINUTE : HOUR;
   const deadline = pendingSince.getTime() + PENDING_LIMIT_MS;
-  // Past the deadline (a check that found it unreachable or late): the next look fails it.
-  if (now.getTime() >= deadline) return now;
-  return new Date(Math.min(now.getTime() + interval, deadline));
+  // Never past the deadline, nor before now (that check fails it).
+  return new Date(Math.max(now.getTime(), Math.min(now.getTime() + interval, deadline)));
 }
 
 export type RecordFinding = 'found' | 'missing' | 'mismatch' | 'temporary';
