@@ -50,6 +50,8 @@ export interface FirstEngagement {
    * links, a bcc to oneself included) and not bounced.
    */
   proves: string | null;
+  /** When (the hit's time written as the first open or click). */
+  at: Date;
 }
 
 /**
@@ -66,7 +68,7 @@ export async function setFirstEngagement(em: EntityManager, kind: 'open' | 'clic
      returning e.id, case when e.source = 'campaign' then e.campaign_id end as campaign_id,
        case when e.status = 'sent' and e.delivery_status is distinct from 'bounced'
          and (e.cc is null or e.cc = '[]'::jsonb) and (e.bcc is null or e.bcc = '[]'::jsonb)
-         then email_bare_address(e.to_address) end as proves`,
+         then email_bare_address(e.to_address) end as proves, f.at`,
     [JSON.stringify(candidates)],
   );
 }

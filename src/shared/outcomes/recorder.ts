@@ -193,12 +193,9 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
     }
     return [...first].map(([id, at]) => ({ id, at: at.toISOString() }));
   };
-  // When each email's first open or click happened, for the history it proves.
-  const firstAt = new Map<string, string>();
   const firsts = async (type: 'open' | 'click') => {
     const candidates = earliest(type);
     if (candidates.length === 0) return [];
-    for (const { id, at } of candidates) if (!(firstAt.get(id)! <= at)) firstAt.set(id, at);
     return setFirstEngagement(em, type, candidates);
   };
   // Two batches locking the same rows in opposite orders may deadlock: PostgreSQL aborts
@@ -220,7 +217,7 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
   for (const row of [...opened, ...clicked]) {
     if (!row.proves) continue;
     const key = historyKey(row.proves);
-    const at = new Date(firstAt.get(row.id)!);
+    const at = new Date(row.at);
     const earlier = proven.get(key.email);
     if (!earlier || earlier.proven_at! < at) proven.set(key.email, { ...key, hard_bounced_at: null, complained_at: null, mailbox_full_at: null, mailbox_not_found_at: null, proven_at: at });
   }
