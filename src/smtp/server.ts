@@ -2,8 +2,7 @@ import type { AddressInfo } from 'node:net';
 import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMTPServerSession } from 'smtp-server';
 import { callerForSecret } from '../api/plugins/auth.js';
 import type { Services } from '../shared/container.js';
-import { addressDomain } from '../shared/domains/hostname.js';
-import { sendingPolicyProblem } from '../shared/domains/sending-policy.js';
+import { sendingPolicyRefusals } from '../shared/domains/sending-policy.js';
 import { asciiAddress, isAddress } from '../shared/emails/addresses.js';
 import { readSubmittedMessage } from '../shared/submission/message.js';
 import { replies, SmtpReplyError } from '../shared/submission/reply.js';
@@ -162,22 +161,13 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (stream.sizeExceeded) throw replies.tooBig(max);
           const message = await readSubmittedMessage(raw, envelopeTo);
           const em = services.orm.em.fork();
-          // The API's one sending policy (docs/security.md "The sending policy"); no query unless
-          // ALLOW_UNVERIFIED_DOMAINS=false.
-          const problem = await sendingPolicyProblem(em, services.config, caller.organizationId, message.from);
-          if (problem) throw replies.notAllowed(`From: ${problem}`);
-          // Who else the message says sends it (Sender, Resent-From): the same policy, or the
-          // organization's DKIM key would sign mail "sent by" a domain it does not own.
-          // Each domain once, From's already checked (a folded Resent-From may list thousands
-          // of addresses), normalized as the policy normalizes it.
-          const seen = new Set<string>([addressDomain(message.from) ?? message.from]);
-          for (const { header, address } of message.sentBy) {
-            const domain = addressDomain(address) ?? address;
-            if (seen.has(domain)) continue;
-            seen.add(domain);
-            const refused = await sendingPolicyProblem(em, services.config, caller.organizationId, address);
-            if (refused) throw replies.notAllowed(`${header}: ${refused}`);
-          }
+          // The API's one sending policy (docs/security.md "The sending policy"; no query unless
+          // ALLOW_UNVERIFIED_DOMAINS=false), for From and for who else the message says sends it
+          // (Sender, Resent-From): the organization's DKIM key would sign mail "sent by" a domain
+          // it does not own. Each domain once (a folded Resent-From may list thousands).
+          const senders = [{ from: message.from, path: 'From' }, ...message.sentBy.map(({ header, address }) => ({ from: address, path: header }))];
+          const [refused] = await sendingPolicyRefusals(em, services.config, caller.organizationId, senders, { first: true });
+          if (refused) throw replies.notAllowed(`${refused.path}: ${refused.message}`);
           return storeSubmission(em, deps, caller.organizationId, message);
         })
         .then(

@@ -54,9 +54,31 @@ export async function assertSendingAllowed(
 }
 
 /**
- * assertSendingAllowed for several senders at once (the batch): every refused one is named in
- * the error's details, and each distinct sender is looked up once.
+ * Why each of several senders may not send (the batch's items, a message's From and Sender
+ * headers), in their order; each distinct domain is looked up once. Empty when all may.
  */
+export async function sendingPolicyRefusals(
+  em: EntityManager,
+  config: PolicyConfig,
+  organizationId: string,
+  senders: { from: string; path: string }[],
+  /** Stop at the first refusal (a message is refused whole: no lookup more than needed). */
+  options: { first?: boolean } = {},
+): Promise<{ path: string; message: string }[]> {
+  if (config.allowUnverifiedDomains) return [];
+  const problems = new Map<string, string | undefined>();
+  const refusals: { path: string; message: string }[] = [];
+  for (const { from, path } of senders) {
+    const key = fromDomain(from).hostname ?? from;
+    if (!problems.has(key)) problems.set(key, await sendingPolicyProblem(em, config, organizationId, from));
+    const problem = problems.get(key);
+    if (problem) refusals.push({ path, message: problem });
+    if (problem && options.first) break;
+  }
+  return refusals;
+}
+
+/** assertSendingAllowed for several senders at once (the batch): every refused one is named in the error's details. */
 export async function assertSendingAllowedForAll(
   em: EntityManager,
   config: PolicyConfig,
@@ -64,16 +86,7 @@ export async function assertSendingAllowedForAll(
   senders: { from: string; path: string }[],
   status: 400 | 422 = 422,
 ): Promise<void> {
-  if (config.allowUnverifiedDomains) return;
-  // By domain: a batch of a hundred senders of one domain is one lookup.
-  const problems = new Map<string, string | undefined>();
-  const details: { path: string; message: string }[] = [];
-  for (const { from, path } of senders) {
-    const key = fromDomain(from).hostname ?? from;
-    if (!problems.has(key)) problems.set(key, await sendingPolicyProblem(em, config, organizationId, from));
-    const problem = problems.get(key);
-    if (problem) details.push({ path, message: problem });
-  }
+  const details = await sendingPolicyRefusals(em, config, organizationId, senders);
   const [first] = details;
   if (first) throw new ValidationError(`${first.path}: ${first.message}`, details, status);
 }
