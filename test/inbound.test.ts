@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startInbound, startInboundServer, type InboundServer, type InboundServerOptions } from '../src/inbound/server.js';
+import { startInbound, startInboundServer, storeReports, type InboundMessage, type InboundServer, type InboundServerOptions } from '../src/inbound/server.js';
 import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
@@ -658,6 +658,74 @@ describe('storing reports', () => {
         expect(row.rcpt_to).toBe(reports[i]!.rcptTo);
         expect(new Date(row.received_at).toISOString()).toBe('2026-11-20T10:00:00.000Z');
       });
+    }
+  });
+});
+
+describe('the group commit of the listener', () => {
+  it('counts the other sessions with a message under way: MAIL accepted, the message not handed over, the session not reset or closed', async () => {
+    const seen: number[] = [];
+    let underWay: (() => number) | undefined;
+    const server = await startBareServer(10, async (_message, count) => {
+      seen.push(count());
+      underWay = count;
+    });
+    const returnPath = (await send('under-way@example.com')).returnPath;
+    const open = async (steps: string[]) => {
+      const dialog = await openDialog(server.port);
+      for (const step of steps) expect(await dialog.send(step)).toMatch(/^(250|354)/);
+      return dialog;
+    };
+    try {
+      const idle = await open(['EHLO client.test']);
+      const pending = await open(['EHLO client.test', 'MAIL FROM:<>', `RCPT TO:<${returnPath}>`]);
+      const started = await open(['EHLO client.test', 'MAIL FROM:<>']);
+      const reset = await open(['EHLO client.test', 'MAIL FROM:<>', 'RSET']);
+      const sender = await open(['EHLO client.test', 'MAIL FROM:<>', `RCPT TO:<${returnPath}>`, 'DATA']);
+      expect(await sender.send('Subject: a report\r\n\r\nbody\r\n.')).toMatch(/^250/);
+      // The sender's own message is handed over; `pending` and `started` are under way.
+      expect(seen).toEqual([2]);
+      started.close();
+      await started.closed;
+      await until(async () => underWay!(), (n) => n === 1);
+      // A session whose message is handed over counts no more.
+      pending.write('DATA\r\n');
+      expect(await pending.reply()).toMatch(/^354/);
+      expect(await pending.send('Subject: another\r\n\r\nbody\r\n.')).toMatch(/^250/);
+      expect(seen).toEqual([2, 0]);
+      for (const dialog of [idle, pending, reset, sender]) dialog.close();
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('commits the messages under way on other sessions with the one that waits for them, and waits for a stalled one no longer than a moment', async () => {
+    const store = storeReports(ctx.services);
+    const message = (i: number): InboundMessage => ({ mailFrom: '', recipients: [{ address: `b+group${i}@bounces.acme.test`, emailId: newId('eml') }], raw: Buffer.from(`report ${i}\r\n`) });
+    // Rows written by one statement share their inserting transaction (xmin) until the worker
+    // reads them, which their job (enqueued 100 ms after the commit at the earliest) holds off.
+    const transactions = async (from: number, to: number) =>
+      (await sql<{ xmin: string }>(`select xmin::text as xmin from inbound_reports where rcpt_to in (select 'b+group' || g || '@bounces.acme.test' from generate_series(?::int, ?::int) g)`, [from, to])).map((r) => r.xmin);
+    try {
+      // Three sessions hand their messages over in one turn; the first finds two under way.
+      let underWay = 2;
+      const first = store.accept(message(1), () => underWay);
+      underWay = 1;
+      const second = store.accept(message(2), () => underWay);
+      underWay = 0;
+      const third = store.accept(message(3), () => underWay);
+      await Promise.all([first, second, third]);
+      const grouped = await transactions(1, 3);
+      expect(grouped).toHaveLength(3);
+      expect(new Set(grouped).size).toBe(1);
+
+      // A session that never hands its message over does not hold the others' answers.
+      const started = performance.now();
+      await store.accept(message(4), () => 1);
+      expect(performance.now() - started).toBeLessThan(1_000);
+      expect(await transactions(4, 4)).toHaveLength(1);
+    } finally {
+      await store.close();
     }
   });
 });

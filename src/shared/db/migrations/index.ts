@@ -18,6 +18,7 @@ import { Migration20261125120000SubscriberConfirmations } from './20261125120000
 import { Migration20261125121000CopyRecipientEvents } from './20261125121000-copy-recipient-events.js';
 import { Migration20261125220000EmailsRecipientBareAddress } from './20261125220000-emails-recipient-bare-address.js';
 import { Migration20261126010000EmailsRecipientAddressIndex } from './20261126010000-emails-recipient-address-index.js';
+import { Migration20261128150000InboundReportsLz4 } from './20261128150000-inbound-reports-lz4.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -44,4 +45,5 @@ export const migrationsList = [
   { name: 'Migration20261125121000CopyRecipientEvents', class: Migration20261125121000CopyRecipientEvents },
   { name: 'Migration20261125220000EmailsRecipientBareAddress', class: Migration20261125220000EmailsRecipientBareAddress },
   { name: 'Migration20261126010000EmailsRecipientAddressIndex', class: Migration20261126010000EmailsRecipientAddressIndex },
+  { name: 'Migration20261128150000InboundReportsLz4', class: Migration20261128150000InboundReportsLz4 },
 ];
