@@ -245,7 +245,7 @@ export async function seedSentEmails(bench: BenchEnv, count: number, content: st
       content,
     })),
   );
-  await services.orm.em.fork().execute(`update emails set status = 'sent', message_id = id || '@bench.test', sent_at = now()`, [], 'run');
+  await services.orm.em.fork().execute(`update emails set status = 'sent', message_id = id || '@bench.test', sent_at = now() where id in (select jsonb_array_elements_text(?::jsonb))`, [JSON.stringify(ids)], 'run');
   return ids;
 }
 
