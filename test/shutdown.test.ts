@@ -84,8 +84,8 @@ function request(port: number, path: string, options: http.RequestOptions = {}):
 }
 
 async function startMain(): Promise<{ proc: ServiceProcess; port: number }> {
-  // `npm start` runs `tsx src/main.ts`; PORT=0 lets the OS choose, and the log says which.
-  const proc = runService('src/main.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info' }, { via: 'tsx' });
+  // `npm start` runs `node dist/main.js` (here its source, tsx loaded); PORT=0 lets the OS choose, and the log says which.
+  const proc = runService('src/main.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info' });
   const match = await proc.waitFor(/mailroom is running on http:\/\/127\.0\.0\.1:(\d+)/);
   return { proc, port: Number(match[1]) };
 }
@@ -116,7 +116,7 @@ describe('npm start (src/main.ts)', () => {
         server.close(() => resolve(port));
       });
     });
-    const proc = runService('src/main.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info', REDIS_URL: `redis://127.0.0.1:${closed}` }, { via: 'tsx' });
+    const proc = runService('src/main.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info', REDIS_URL: `redis://127.0.0.1:${closed}` });
     try {
       const port = Number((await proc.waitFor(/API listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
       const ready = await request(port, '/readyz');

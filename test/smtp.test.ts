@@ -478,7 +478,7 @@ describe('limits that need their own settings', () => {
 describe('the Procfile role smtp (npm run start:smtp)', () => {
   it('listens on the port it logs, takes a message, serves its health and metrics, and exits 0 on SIGTERM', async () => {
     const metricsPort = await freePort();
-    const proc = runService('src/smtp/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info', WORKER_METRICS_PORT: String(metricsPort) }, { via: 'tsx' });
+    const proc = runService('src/smtp/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info', WORKER_METRICS_PORT: String(metricsPort) });
     try {
       const match = await proc.waitFor(/SMTP submission listening on 127\.0\.0\.1:(\d+)/, 40_000);
       const transport = nodemailer.createTransport({ host: '127.0.0.1', port: Number(match[1]), auth: { user: 'role', pass: token } });
@@ -499,7 +499,7 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
 
   it('the inbound role serves its health and its refused-recipient count on WORKER_METRICS_PORT', async () => {
     const metricsPort = await freePort();
-    const proc = runService('src/inbound/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info', INBOUND_SMTP_PORT: '0', WORKER_METRICS_PORT: String(metricsPort) }, { via: 'tsx' });
+    const proc = runService('src/inbound/main.ts', [], { ...ctx.env.env, LOG_LEVEL: 'info', INBOUND_SMTP_PORT: '0', WORKER_METRICS_PORT: String(metricsPort) });
     try {
       const match = await proc.waitFor(/inbound SMTP listening on 127\.0\.0\.1:(\d+)/, 40_000);
       await proc.waitFor(/metrics listening/, 10_000);
@@ -509,7 +509,7 @@ describe('the Procfile role smtp (npm run start:smtp)', () => {
       expect(await dialog.send('RCPT TO:<nobody@nowhere.test>')).toMatch(/^550 /);
       dialog.close();
       await expectProbes(metricsPort, /^mailroom_inbound_reports_total\{outcome="refused"\} 1$/m);
-      // Stopped as a Procfile role is (tsx's node child goes with it), and it exits 0.
+      // Stopped as a Procfile role is (SIGTERM to its node process), and it exits 0.
       proc.child.kill('SIGTERM');
       expect(await proc.exited).toBe(0);
     } finally {

@@ -16,21 +16,17 @@ export interface ServiceProcess {
 }
 
 /**
- * Runs a TypeScript entry of the service (`src/...`) as its own process, the way the
- * package.json scripts do, with exactly `env` (plus PATH and HOME) as its environment.
- * `via: 'tsx'` goes through the tsx CLI like `npm start`; `node` loads tsx in one process.
+ * Runs a TypeScript entry of the service (`src/...`) as its own process, one node process
+ * with tsx loaded (as the package.json scripts run `node dist/...`: a signal reaches the
+ * service itself), with exactly `env` (plus PATH and HOME) as its environment.
  */
 export function runService(
   entry: string,
   args: string[],
   env: Record<string, string>,
-  options: { via?: 'tsx' | 'node' } = {},
 ): ServiceProcess {
   const fullEnv = { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...env };
-  const child =
-    options.via === 'tsx'
-      ? spawn(`${ROOT}node_modules/.bin/tsx`, [entry, ...args], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] })
-      : spawn(process.execPath, ['--import', 'tsx', entry, ...args], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', entry, ...args], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
   const waiters = new Set<() => void>();
