@@ -47,9 +47,11 @@ describe('rendering time is linear in the content (worst cases of the maximum si
     ['a wide markdown table', (n: number) => renderEmail({ contentKind: 'markdown', content: `${'|a'.repeat(n)}\n${'|-'.repeat(n)}`, subject: 's' }), 20_000],
     ['a tall HTML table', (n: number) => renderEmail({ contentKind: 'html', content: `<table>${`<tr>${'<td>cell</td>'.repeat(5)}</tr>`.repeat(n)}</table>`, subject: 's' }), 3_000],
   ] as const)('the text of %s costs in proportion to its size', (_name, render, n) => {
-    const small = bestOf3(() => render(n));
-    const large = bestOf3(() => render(4 * n));
-    expect(large / small).toBeLessThan(8);
+    // Up to three pairs: a busy machine (a full test run on two cores) slowed every run of the
+    // large size once, to 9x; the square of the size stays at 16x in every pair.
+    let ratio = Infinity;
+    for (let pair = 0; pair < 3 && ratio >= 8; pair++) ratio = Math.min(ratio, bestOf3(() => render(4 * n)) / bestOf3(() => render(n)));
+    expect(ratio).toBeLessThan(8);
   });
 
   it('refuses content over the maximum size', () => {
