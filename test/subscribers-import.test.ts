@@ -1,13 +1,11 @@
-import { execFile } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitForRedis } from '../src/shared/redis.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { runCli } from './helpers/process.js';
 
-const run = promisify(execFile);
 let ctx: TestContext;
 let org: { token: string; organizationId: string };
 let dir: string;
@@ -24,15 +22,8 @@ afterAll(async () => {
   await ctx?.close();
 });
 
-async function cli(args: string[]) {
-  try {
-    const { stdout, stderr } = await run('npx', ['tsx', 'src/cli/main.ts', ...args], { env: { ...process.env, ...ctx.env.env }, cwd: process.cwd() });
-    return { code: 0, stdout, stderr };
-  } catch (error) {
-    const e = error as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
-}
+/** The CLI in one node process, as `npm run cli` runs it (here its source, tsx loaded). */
+const cli = (args: string[]) => runCli(args, ctx.env.env);
 
 function get(ref: string) {
   return ctx.app.inject({ url: `/api/v2/subscribers/${ref}`, headers: bearer(org.token) });
@@ -90,33 +81,36 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
   it('fails with a message for an unknown organization or a missing file', async () => {
     const file = join(dir, 'one.csv');
     await writeFile(file, 'email\na@example.com\n');
-    const unknown = await cli(['subscribers', 'import', file, '--org', 'org_00000000000000000000000000']);
-    expect(unknown.code).toBe(1);
-    expect(unknown.stderr).toContain('no organization');
-    const missing = await cli(['subscribers', 'import', join(dir, 'nope.csv'), '--org', org.organizationId]);
-    expect(missing.code).toBe(1);
-    const noOrg = await cli(['subscribers', 'import', file]);
-    expect(noOrg.code).toBe(2);
     const noEmail = join(dir, 'no-email.csv');
     await writeFile(noEmail, 'name,phone\nAnn,1\n');
-    const noColumn = await cli(['subscribers', 'import', noEmail, '--org', org.organizationId]);
+    // An empty file names no column; two email columns would lose one address of every row.
+    const empty = join(dir, 'empty.csv');
+    await writeFile(empty, '');
+    const twice = join(dir, 'twice.csv');
+    await writeFile(twice, 'email,name,Email\nfirst@example.com,Ann,second@example.com\n');
+    // Each refusal is a process of its own, and none writes anything: all at once.
+    const [unknown, missing, noOrg, noColumn, directory, emptied, doubled] = await Promise.all([
+      cli(['subscribers', 'import', file, '--org', 'org_00000000000000000000000000']),
+      cli(['subscribers', 'import', join(dir, 'nope.csv'), '--org', org.organizationId]),
+      cli(['subscribers', 'import', file]),
+      cli(['subscribers', 'import', noEmail, '--org', org.organizationId]),
+      cli(['subscribers', 'import', dir, '--org', org.organizationId]),
+      cli(['subscribers', 'import', empty, '--org', org.organizationId]),
+      cli(['subscribers', 'import', twice, '--org', org.organizationId]),
+    ]);
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toContain('no organization');
+    expect(missing.code).toBe(1);
+    expect(noOrg.code).toBe(2);
     // A problem of the file, not of the command: one line, exit 1.
     expect(noColumn.code).toBe(1);
     expect(noColumn.stderr).toContain('no email column');
     expect(noColumn.stderr).not.toContain('Usage:');
-    const directory = await cli(['subscribers', 'import', dir, '--org', org.organizationId]);
     expect(directory.code).toBe(1);
     expect(directory.stderr).toContain('is not a file');
     expect(directory.stderr).not.toMatch(/\n\s+at /);
-    // An empty file names no column; two email columns would lose one address of every row.
-    const empty = join(dir, 'empty.csv');
-    await writeFile(empty, '');
-    const emptied = await cli(['subscribers', 'import', empty, '--org', org.organizationId]);
     expect(emptied.code).toBe(1);
     expect(emptied.stderr).toContain('is empty');
-    const twice = join(dir, 'twice.csv');
-    await writeFile(twice, 'email,name,Email\nfirst@example.com,Ann,second@example.com\n');
-    const doubled = await cli(['subscribers', 'import', twice, '--org', org.organizationId]);
     expect(doubled.code).toBe(1);
     expect(doubled.stderr).toContain('the column "email" appears twice');
     expect(doubled.stderr).not.toMatch(/\n\s+at /);
