@@ -90,7 +90,7 @@ try {
   const metricsPort = await freePort();
   const worker = await spawnService('src/workers/main.ts', { ...bench.env, WORKER_QUEUES: 'inbound', WORKER_METRICS_PORT: String(metricsPort) }, `http://127.0.0.1:${metricsPort}/readyz`);
   const load = loadavg()[0]!;
-  const rounds: { discardRate: number; acceptRate: number; processRate: number; discardCpu: number; spent: Record<'bench' | 'worker' | 'postgres' | 'redis', number> }[] = [];
+  const rounds: { discardRate: number; acceptRate: number; processRate: number; spent: Record<'bench' | 'worker' | 'postgres' | 'redis', number> }[] = [];
   const perReport = (ms: number) => `${fmt((ms * 1000) / COUNT)} us`;
   console.log(`inbound: ${fmt(COUNT)} DSNs over ${CONNECTIONS} SMTP connections a measurement, ${ROUNDS} rounds (load average ${fmt(load, 1)})`);
   try {
@@ -133,7 +133,7 @@ try {
       const nowApplied = (await count('applied')) - applied;
       if (nowApplied !== COUNT) throw new Error(`round ${round}: applied ${nowApplied} of ${COUNT}`);
 
-      const r = { discardRate: COUNT / discardSeconds, acceptRate: COUNT / acceptSeconds, processRate: COUNT / processSeconds, discardCpu: discardCpuMs, spent };
+      const r = { discardRate: COUNT / discardSeconds, acceptRate: COUNT / acceptSeconds, processRate: COUNT / processSeconds, spent };
       rounds.push(r);
       console.log(
         `  round ${round}: discarding ${fmt(r.discardRate)} msg/s, stored ${fmt(r.acceptRate)} msg/s, read and applied ${fmt(r.processRate)} reports/s: ratio ${fmt(r.processRate / r.discardRate, 2)}`,
