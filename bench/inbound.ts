@@ -16,7 +16,7 @@ import nodemailer from 'nodemailer';
 import { loadavg } from 'node:os';
 import { startInbound } from '../src/inbound/server.js';
 import { smtpConnection } from '../src/shared/emails/transport.js';
-import { cpuMsOf, cpuMsOfCommand, createBenchEnv, fmt, freePort, seedSentEmails, spawnService, stop } from './harness.js';
+import { cpuMsOf, cpuMsOfCommand, createBenchEnv, fmt, freePort, median, seedSentEmails, spawnService, stop } from './harness.js';
 
 const COUNT = Number(process.env.BENCH_INBOUND_COUNT ?? 10_000);
 // Each round measures the discarding listener, then the production path, on DSNs of its own:
@@ -148,11 +148,6 @@ try {
   const [bounced] = await em.execute<{ n: number }[]>(`select count(*)::int as n from emails where delivery_status = 'bounced'`, [], 'all');
   if (bounced!.n !== COUNT * ROUNDS) throw new Error(`bounced ${bounced!.n} of ${COUNT * ROUNDS}`);
 
-  const median = (values: number[]) => {
-    const sorted = [...values].sort((a, b) => a - b);
-    const mid = Math.floor(sorted.length / 2);
-    return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
-  };
   const ratios = rounds.map((r) => r.processRate / r.discardRate);
   console.log(`  discarding listener accepts   ${fmt(median(rounds.map((r) => r.discardRate)))} msg/s (median of the rounds)`);
   console.log(`  stored and enqueued (SMTP)     ${fmt(median(rounds.map((r) => r.acceptRate)))} msg/s`);

@@ -1,6 +1,6 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { createBenchEnv, fmt, freePort } from './harness.js';
+import { createBenchEnv, fmt, freePort, median } from './harness.js';
 
 // `npm run bench:startup`: start time and idle RSS of the api and the worker, run from the
 // TypeScript sources through tsx (how `npm start` ran before the production build) against
@@ -43,7 +43,6 @@ async function once(role: keyof typeof ROLES, mode: 'tsx' | 'node'): Promise<{ s
   return { startMs, rssMiB: rssKiB / 1024 };
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 try {
   for (const role of ['api', 'worker'] as const) {
     const runs: Record<'tsx' | 'node', Array<{ startMs: number; rssMiB: number }>> = { tsx: [], node: [] };
