@@ -1,5 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import { withConnection } from '../db/sql.js';
+import { sqlOf, withConnection } from '../db/sql.js';
 import { newId } from '../ids.js';
 
 /**
@@ -58,10 +58,9 @@ export interface StoredReport {
 
 /** The reports among `ids` still to be read. */
 export async function pendingReports(em: EntityManager, ids: string[]): Promise<StoredReport[]> {
-  return em.execute<StoredReport[]>(
+  return sqlOf(em).query<StoredReport>(
     `select id, email_id, mail_from, rcpt_to, raw from inbound_reports where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'received' order by id`,
     [JSON.stringify(ids)],
-    'all',
   );
 }
 
@@ -70,10 +69,9 @@ export async function pendingReports(em: EntityManager, ids: string[]): Promise<
  * concurrent run waits for the locks, then finds them read: one report has one effect.
  */
 export async function claimReports(em: EntityManager, ids: string[]): Promise<Set<string>> {
-  const rows = await em.execute<{ id: string }[]>(
+  const rows = await sqlOf(em).query<{ id: string }>(
     `select id from inbound_reports where id in (select jsonb_array_elements_text(?::jsonb)) and status = 'received' order by id for update`,
     [JSON.stringify(ids)],
-    'all',
   );
   return new Set(rows.map((r) => r.id));
 }
@@ -81,12 +79,11 @@ export async function claimReports(em: EntityManager, ids: string[]): Promise<Se
 /** Records what each report meant, in one statement (after `claimReports`, in the same transaction). */
 export async function finishReports(em: EntityManager, reports: { id: string; outcome: { status: 'applied' | 'ignored' } }[], at: Date): Promise<void> {
   if (reports.length === 0) return;
-  await em.execute(
+  await sqlOf(em).query(
     `update inbound_reports r set status = f.outcome ->> 'status', outcome = f.outcome, processed_at = ?
      from jsonb_to_recordset(?::jsonb) as f(id text, outcome jsonb)
      where r.id = f.id and r.status = 'received'`,
     [at, JSON.stringify(reports)],
-    'run',
   );
 }
 
@@ -105,17 +102,16 @@ const EMAIL_COLUMNS = `e.id, e.organization_id, e.message_id, e.from_address, em
   coalesce(e.cc, '[]'::jsonb) || coalesce(e.bcc, '[]'::jsonb) as copies`;
 
 export async function emailsById(em: EntityManager, ids: string[]): Promise<Map<string, ReportEmail>> {
-  const rows = await em.execute<ReportEmail[]>(`select ${EMAIL_COLUMNS} from emails e where e.id in (select jsonb_array_elements_text(?::jsonb))`, [JSON.stringify(ids)], 'all');
+  const rows = await sqlOf(em).query<ReportEmail>(`select ${EMAIL_COLUMNS} from emails e where e.id in (select jsonb_array_elements_text(?::jsonb))`, [JSON.stringify(ids)]);
   return new Map(rows.map((r) => [r.id, r]));
 }
 
 /** The emails with these Message-IDs, by Message-ID (one query for a batch of reports). */
 export async function emailsByMessageId(em: EntityManager, messageIds: string[]): Promise<Map<string, ReportEmail>> {
   if (messageIds.length === 0) return new Map();
-  const rows = await em.execute<ReportEmail[]>(
+  const rows = await sqlOf(em).query<ReportEmail>(
     `select ${EMAIL_COLUMNS} from emails e where e.message_id in (select jsonb_array_elements_text(?::jsonb))`,
     [JSON.stringify(messageIds)],
-    'all',
   );
   const byMessageId = new Map<string, ReportEmail>();
   for (const row of rows) if (!byMessageId.has(row.message_id!)) byMessageId.set(row.message_id!, row);
@@ -124,20 +120,18 @@ export async function emailsByMessageId(em: EntityManager, messageIds: string[])
 
 /** Reports stored longer ago than `before` and still unread: their job was lost (Redis). */
 export async function unreadReportIds(em: EntityManager, before: Date, limit: number): Promise<string[]> {
-  const rows = await em.execute<{ id: string }[]>(
+  const rows = await sqlOf(em).query<{ id: string }>(
     `select id from inbound_reports where status = 'received' and received_at < ? order by received_at limit ?`,
     [before, limit],
-    'all',
   );
   return rows.map((r) => r.id);
 }
 
 /** Deletes read reports older than `before`, at most `limit` of them; returns how many. */
 export async function purgeReports(em: EntityManager, before: Date, limit: number): Promise<number> {
-  const rows = await em.execute<{ id: string }[]>(
+  const rows = await sqlOf(em).query<{ id: string }>(
     `delete from inbound_reports where id in (select id from inbound_reports where status <> 'received' and processed_at < ? limit ?) returning id`,
     [before, limit],
-    'all',
   );
   return rows.length;
 }
