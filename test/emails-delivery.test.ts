@@ -177,6 +177,29 @@ describe('delivery over SMTP', () => {
     expect(job!.returnvalue).toEqual({ outcome: 'skipped', status: 'sent' });
     expect(received(`${id}@acme.test`)).toHaveLength(1);
   });
+
+  it('makes no logger for an email sent without anything to log', async () => {
+    sink.answer = undefined;
+    const id = 'eml_01m0000000000000000000nolog';
+    const em = ctx.services.orm.em.fork();
+    const [org] = await em.execute<{ id: string }[]>('select id from organizations limit 1');
+    await em.execute(
+      `insert into emails (id, organization_id, from_address, to_address, subject, content_kind, content) values (?, ?, 'a@acme.test', 'quiet@example.com', 'quiet', 'html', '<p>quiet</p>')`,
+      [id, org!.id],
+    );
+    // The worker's job logger is a getter that makes a child logger on first use (runner.ts).
+    let made = 0;
+    const options = {
+      finalAttempt: false,
+      get log() {
+        made++;
+        return ctx.services.logger;
+      },
+    };
+    expect(await deliverEmail(new DeliveryStore(ctx.services.orm), ctx.services.mailer, id, options)).toMatchObject({ outcome: 'sent' });
+    expect(received(`${id}@acme.test`)).toHaveLength(1);
+    expect(made).toBe(0);
+  });
 });
 
 describe('reconciler', () => {

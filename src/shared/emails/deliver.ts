@@ -214,7 +214,7 @@ export async function deliverEmail(
         }
         const messageId = taken.current.slice('accepted:'.length);
         const delivered = transport.kind === 'file';
-        await recordSentWithRetries(store, sentRecord(emailId, messageId, accepted, rendered, delivered), options.log);
+        await recordSentWithRetries(store, sentRecord(emailId, messageId, accepted, rendered, delivered), options);
         options.log?.info({ emailId }, 'recorded the send of an email a dead worker had handed over');
         return { outcome: delivered ? 'delivered' : 'sent', messageId };
       }
@@ -346,7 +346,7 @@ export async function deliverEmail(
   }
 
   await (acceptance ?? fence?.accepted(emailId, messageId))?.catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
-  await recordSentWithRetries(store, { ...sentRecord(emailId, messageId, row, rendered, delivered), provider_message_id: relayMessageId(response) }, options.log);
+  await recordSentWithRetries(store, { ...sentRecord(emailId, messageId, row, rendered, delivered), provider_message_id: relayMessageId(response) }, options);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
 }
 
@@ -360,7 +360,9 @@ function sentRecord(id: string, messageId: string, row: ClaimedRow, message: Mes
 // interrupted hand-over: the write is retried for about half a minute before giving up.
 const RECORD_RETRIES = [200, 500, 1_000, 2_000, 5_000, 10_000, 15_000];
 
-async function recordSentWithRetries(store: DeliveryStore, record: SentRecord, log?: Logger): Promise<void> {
+// `options.log` is read only when something is logged: a job's logger is made on first use
+// (workers/runner.ts), and making one for every email sent cost a child logger each.
+async function recordSentWithRetries(store: DeliveryStore, record: SentRecord, options: { log?: Logger }): Promise<void> {
   for (let attempt = 0; ; attempt++) {
     try {
       await store.markSent(record);
@@ -368,7 +370,7 @@ async function recordSentWithRetries(store: DeliveryStore, record: SentRecord, l
     } catch (error) {
       const wait = RECORD_RETRIES[attempt];
       if (wait === undefined) {
-        log?.error({ err: error, emailId: record.id }, 'the provider accepted the email but its status could not be recorded');
+        options.log?.error({ err: error, emailId: record.id }, 'the provider accepted the email but its status could not be recorded');
         throw error;
       }
       await new Promise((resolve) => setTimeout(resolve, wait));
