@@ -156,16 +156,20 @@ describe('delivery over SMTP', () => {
     expect(received(email.message_id)).toHaveLength(1);
   });
 
-  it('hands an email over once even when asked twice at the same time or again later', async () => {
-    sink.answer = undefined;
-    // Written straight to the table: no job, so only the calls below may send it.
-    const id = 'eml_01m0000000000000000000dupe';
+  /** An email written straight to the table: no job, so only the test's own calls may send it. */
+  async function insertUnqueuedEmail(id: string, to: string): Promise<string> {
     const em = ctx.services.orm.em.fork();
     const [org] = await em.execute<{ id: string }[]>('select id from organizations limit 1');
     await em.execute(
-      `insert into emails (id, organization_id, from_address, to_address, subject, content_kind, content) values (?, ?, 'a@acme.test', 'dupe@example.com', 'once', 'html', '<p>once</p>')`,
-      [id, org!.id],
+      `insert into emails (id, organization_id, from_address, to_address, subject, content_kind, content) values (?, ?, 'a@acme.test', ?, 'once', 'html', '<p>once</p>')`,
+      [id, org!.id, to],
     );
+    return id;
+  }
+
+  it('hands an email over once even when asked twice at the same time or again later', async () => {
+    sink.answer = undefined;
+    const id = await insertUnqueuedEmail('eml_01m0000000000000000000dupe', 'dupe@example.com');
     // Two stores: as two worker processes; the same store twice: as two jobs of one process.
     const [a, b] = [new DeliveryStore(ctx.services.orm), new DeliveryStore(ctx.services.orm)];
     const results = await Promise.all([a, a, b].map((store) => deliverEmail(store, ctx.services.mailer, id, { finalAttempt: false })));
@@ -180,13 +184,7 @@ describe('delivery over SMTP', () => {
 
   it('makes no logger for an email sent without anything to log', async () => {
     sink.answer = undefined;
-    const id = 'eml_01m0000000000000000000nolog';
-    const em = ctx.services.orm.em.fork();
-    const [org] = await em.execute<{ id: string }[]>('select id from organizations limit 1');
-    await em.execute(
-      `insert into emails (id, organization_id, from_address, to_address, subject, content_kind, content) values (?, ?, 'a@acme.test', 'quiet@example.com', 'quiet', 'html', '<p>quiet</p>')`,
-      [id, org!.id],
-    );
+    const id = await insertUnqueuedEmail('eml_01m0000000000000000000nolog', 'quiet@example.com');
     // The worker's job logger is a getter that makes a child logger on first use (runner.ts).
     let made = 0;
     const options = {
