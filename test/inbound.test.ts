@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import nodemailer from 'nodemailer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, storeReports, type InboundMessage, type InboundServer, type InboundServerOptions } from '../src/inbound/server.js';
+import { processReports } from '../src/shared/bounces/process.js';
 import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
@@ -228,6 +229,18 @@ describe('bounces by mail', () => {
     expect(events!.n).toBe(1);
     const [suppressions] = await sql<{ n: number }>(`select count(*)::int as n from suppressions where address = ?`, ['twice@example.com']);
     expect(suppressions!.n).toBe(1);
+  });
+
+  it('a report read by several jobs at once is applied by one of them', async () => {
+    const sent = await send('racing@example.com');
+    // Stored without a job (the reconciler waits a minute): only the runs below read it.
+    const report = { id: newReportId(), emailId: sent.id, mailFrom: '', rcptTo: sent.returnPath, raw: Buffer.from(fixture('postfix-dsn', sent)) };
+    await insertReports(ctx.services.orm.em, [report], new Date());
+    const runs = await Promise.all([1, 2, 3].map(() => processReports(ctx.services.orm.em.fork(), [report.id], { bounceDomain: BOUNCE_DOMAIN, now: new Date() })));
+    expect(runs.filter((outcomes) => outcomes.has(report.id))).toHaveLength(1);
+    expect((await reportsOf(sent.returnPath)).map((r) => r.status)).toEqual(['applied']);
+    const [events] = await sql<{ n: number }>(`select count(*)::int as n from email_events where email_id = ?`, [sent.id]);
+    expect(events!.n).toBe(1);
   });
 });
 
