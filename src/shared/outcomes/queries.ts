@@ -8,9 +8,13 @@ import { sqlOf, withConnection } from '../db/sql.js';
  * whatever the batch size).
  */
 
-/** Bound parameters, inside the caller's transaction when it has one (db/sql.ts). */
-function query<T>(em: EntityManager, sql: string, params: unknown[]): Promise<T[]> {
-  return sqlOf(em).query<T>(sql, params);
+/**
+ * Bound parameters, inside the caller's transaction when it has one (db/sql.ts). `name`
+ * prepares the statement once per connection: the batch statements of the feedback recorder,
+ * whose planning cost about as much as running them for a job's batch.
+ */
+function query<T>(em: EntityManager, sql: string, params: unknown[], name?: string): Promise<T[]> {
+  return sqlOf(em).query<T>(sql, params, name);
 }
 
 // ---------------------------------------------------------------- tracking (recorder.ts)
@@ -109,7 +113,7 @@ export async function lockEmailByMessageId(em: EntityManager, ids: { messageId?:
 /** The emails of a batch, locked in id order (two batches never wait for each other in a cycle). */
 export async function lockEmails(em: EntityManager, ids: readonly string[]): Promise<FeedbackEmail[]> {
   if (ids.length === 0) return [];
-  return query<FeedbackEmail>(em, `${FEEDBACK_EMAIL} where e.id = any(?::text[]) order by e.id for update`, [ids]);
+  return query<FeedbackEmail>(em, `${FEEDBACK_EMAIL} where e.id = any(?::text[]) order by e.id for update`, [ids], 'mailroom_feedback_lock_emails');
 }
 
 export interface NewDeliveryEvent {
@@ -141,6 +145,7 @@ export async function insertDeliveryEvents(em: EntityManager, events: readonly N
        where email_events.details ->> 'bounceType' = 'soft' and excluded.details ->> 'bounceType' = 'hard'
      returning email_id, type, coalesce(details ->> 'recipient', '') as recipient`,
     [at, JSON.stringify(events.map((e) => ({ email_id: e.emailId, organization_id: e.organizationId, type: e.type, details: e.details })))],
+    'mailroom_feedback_events',
   );
   return new Set(rows.map((r) => deliveryEventKey(r.email_id, r.type, r.recipient || undefined)));
 }
@@ -153,6 +158,7 @@ export async function setDeliveryStatuses(em: EntityManager, statuses: readonly 
     `update emails e set delivery_status = f.status, updated_at = now()
      from jsonb_to_recordset(?::jsonb) as f(id text, status text) where e.id = f.id`,
     [JSON.stringify(statuses)],
+    'mailroom_feedback_statuses',
   );
 }
 
@@ -170,6 +176,7 @@ export async function insertSuppressions(
      from jsonb_to_recordset(?::jsonb) as f(organization_id text, address text, reason text, email_id text)
      on conflict (organization_id, address) do nothing`,
     [at, JSON.stringify(rows.map((r) => ({ organization_id: r.organizationId, address: r.address, reason: r.reason, email_id: r.emailId })))],
+    'mailroom_feedback_suppressions',
   );
 }
 
@@ -191,6 +198,7 @@ export async function setSubscribersBounced(
      where s.organization_id = f.organization_id and s.email = f.address
        and s.status not in ('COMPLAINED', 'BANNED') and (f.status = 'COMPLAINED' or s.status <> 'BOUNCED')`,
     [at, JSON.stringify(rows.map((r) => ({ organization_id: r.organizationId, address: r.address, status: r.status })))],
+    'mailroom_feedback_subscribers',
   );
 }
 
@@ -221,5 +229,6 @@ export async function upsertHistory(em: EntityManager, rows: readonly HistoryOut
      on conflict (email) do update set ${keep('hard_bounced_at')}, ${keep('complained_at')}, ${keep('mailbox_full_at')},
        ${keep('mailbox_not_found_at')}, ${keep('proven_at')}, updated_at = excluded.updated_at`,
     [at, JSON.stringify(rows)],
+    'mailroom_feedback_history',
   );
 }

@@ -268,8 +268,13 @@ export async function loadEndpointForDelivery(em: Db, endpointId: string): Promi
  */
 export type OutboxDb = Sql | EntityManager;
 
-async function run(db: OutboxDb, text: string, values: unknown[]): Promise<void> {
-  await ('query' in db ? db : sqlOf(db)).query(text, values);
+/**
+ * `name` prepares the statement once per connection (db/sql.ts). The outbox inserts are
+ * built of large expressions: planned anew, `INSERT_SENT` cost PostgreSQL four times its own
+ * execution, in every write-back of the send path (bench/README.md, 2026-12-07).
+ */
+async function run(db: OutboxDb, text: string, values: unknown[], name: string): Promise<void> {
+  await ('query' in db ? db : sqlOf(db)).query(text, values, name);
 }
 
 export interface OutboxEvent {
@@ -297,7 +302,7 @@ const INSERT_ONE = `
  */
 export async function recordEvent(db: OutboxDb, event: OutboxEvent): Promise<void> {
   if (!WEBHOOK_EVENT_TYPES.includes(event.type)) throw new Error(`unknown webhook event type ${event.type}`);
-  await run(db, INSERT_ONE, [event.type, event.type, JSON.stringify(event.data), event.organizationId, event.type]);
+  await run(db, INSERT_ONE, [event.type, event.type, JSON.stringify(event.data), event.organizationId, event.type], 'mailroom_outbox_event');
 }
 
 /** Per email, the parts of `data` that only its caller knows (`bounce`, `click`). */
@@ -348,7 +353,7 @@ export function emailEventsFrom(relation: string, type: WebhookEventType): strin
 export async function recordEmailEvents(db: OutboxDb, type: WebhookEventType, items: readonly EmailEventItem[]): Promise<void> {
   if (items.length === 0) return;
   const rows = items.map((i) => ({ id: i.emailId, extra: i.extra ?? null }));
-  await run(db, INSERT_EMAILS, [type, type, JSON.stringify(rows), type]);
+  await run(db, INSERT_EMAILS, [type, type, JSON.stringify(rows), type], 'mailroom_outbox_emails');
 }
 
 // Rows the send path's write-back just set (its `sent_at = now()` is this transaction's
@@ -366,7 +371,7 @@ const INSERT_SENT =
  */
 export async function recordSentEmails(db: OutboxDb, emailIds: readonly string[]): Promise<void> {
   if (emailIds.length === 0) return;
-  await run(db, INSERT_SENT, [JSON.stringify(emailIds)]);
+  await run(db, INSERT_SENT, [JSON.stringify(emailIds)], 'mailroom_outbox_sent');
 }
 
 /** `contact.created` / `contact.updated` / `contact.unsubscribed`: `data` is the create/patch shape. */
@@ -426,7 +431,7 @@ const INSERT_CAMPAIGN = `
 
 /** `campaign.sent`, in the transaction that moves the campaign to SENT. */
 export async function recordCampaignSent(db: OutboxDb, campaignId: string): Promise<void> {
-  await run(db, INSERT_CAMPAIGN, [campaignId]);
+  await run(db, INSERT_CAMPAIGN, [campaignId], 'mailroom_outbox_campaign');
 }
 
 /** `domain.verified` / `domain.failed` for a domain whose status just became VERIFIED / FAILED. */
