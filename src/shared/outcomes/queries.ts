@@ -213,22 +213,21 @@ export interface HistoryOutcomes {
   proven_at: Date | null;
 }
 
-/**
- * One upsert for a batch (one row per address): each time keeps the latest of the stored and
- * the new one (`greatest` ignores nulls), as `recordHardBounce` and its siblings do one at a time.
- */
-export async function upsertHistory(em: EntityManager, rows: readonly HistoryOutcomes[], at: Date): Promise<void> {
-  if (rows.length === 0) return;
-  const keep = (column: string) => `${column} = greatest(verification_history.${column}, excluded.${column})`;
-  await query(
-    em,
-    `insert into verification_history (email, domain, hard_bounced_at, complained_at, mailbox_full_at, mailbox_not_found_at, proven_at, updated_at)
+// Each time keeps the latest of the stored and the new one (`greatest` ignores nulls).
+const keep = (column: string) => `${column} = greatest(verification_history.${column}, excluded.${column})`;
+// Built once: a named statement has one text (db/sql.ts).
+const UPSERT_HISTORY = `insert into verification_history (email, domain, hard_bounced_at, complained_at, mailbox_full_at, mailbox_not_found_at, proven_at, updated_at)
      select f.email, f.domain, f.hard_bounced_at, f.complained_at, f.mailbox_full_at, f.mailbox_not_found_at, f.proven_at, ?::timestamptz
      from jsonb_to_recordset(?::jsonb) as f(email text, domain text, hard_bounced_at timestamptz, complained_at timestamptz,
        mailbox_full_at timestamptz, mailbox_not_found_at timestamptz, proven_at timestamptz)
      on conflict (email) do update set ${keep('hard_bounced_at')}, ${keep('complained_at')}, ${keep('mailbox_full_at')},
-       ${keep('mailbox_not_found_at')}, ${keep('proven_at')}, updated_at = excluded.updated_at`,
-    [at, JSON.stringify(rows)],
-    'mailroom_feedback_history',
-  );
+       ${keep('mailbox_not_found_at')}, ${keep('proven_at')}, updated_at = excluded.updated_at`;
+
+/**
+ * One upsert for a batch (one row per address): each time keeps the latest of the stored and
+ * the new one, as `recordHardBounce` and its siblings do one at a time.
+ */
+export async function upsertHistory(em: EntityManager, rows: readonly HistoryOutcomes[], at: Date): Promise<void> {
+  if (rows.length === 0) return;
+  await query(em, UPSERT_HISTORY, [at, JSON.stringify(rows)], 'mailroom_feedback_history');
 }
