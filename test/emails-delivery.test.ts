@@ -2,14 +2,13 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { simpleParser } from 'mailparser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { initOrm } from '../src/shared/db/orm.js';
-import { withConnection } from '../src/shared/db/sql.js';
 import { DeliveryStore, deliverEmail, UNCERTAIN_REASON } from '../src/shared/emails/deliver.js';
 import type { MailTransport } from '../src/shared/emails/transport.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { preparedOnOneConnection } from './helpers/database.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { until } from './helpers/until.js';
 
@@ -204,16 +203,11 @@ describe('delivery over SMTP', () => {
   it('prepares the statements of the claim and the write-back once on their connection', async () => {
     sink.answer = undefined;
     const id = await insertUnqueuedEmail('eml_01m0000000000000000000prep', 'prepared@example.com');
-    // One connection: every statement of the send runs on the connection read afterwards.
-    const orm = await initOrm({ databaseUrl: ctx.env.config.databaseUrl, poolSize: 1 });
-    try {
+    const prepared = await preparedOnOneConnection(ctx.env.config.databaseUrl, async (orm) => {
       expect(await deliverEmail(new DeliveryStore(orm), ctx.services.mailer, id, { finalAttempt: false })).toMatchObject({ outcome: 'sent' });
-      const prepared = await withConnection(orm.em, (sql) => sql.query<{ name: string }>('select name from pg_prepared_statements order by name'));
-      // Planned anew, the outbox insert of the write-back cost PostgreSQL four times its execution.
-      expect(prepared.map((r) => r.name)).toEqual(expect.arrayContaining(['mailroom_emails_claim', 'mailroom_emails_sent', 'mailroom_outbox_sent']));
-    } finally {
-      await orm.close();
-    }
+    });
+    // Planned anew, the outbox insert of the write-back cost PostgreSQL four times its execution.
+    expect(prepared).toEqual(expect.arrayContaining(['mailroom_emails_claim', 'mailroom_emails_sent', 'mailroom_outbox_sent']));
   });
 });
 

@@ -4,15 +4,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startInbound, startInboundServer, storeReports, type InboundMessage, type InboundServer, type InboundServerOptions } from '../src/inbound/server.js';
 import { processReports } from '../src/shared/bounces/process.js';
 import { insertReports, newReportId } from '../src/shared/bounces/queries.js';
-import { initOrm } from '../src/shared/db/orm.js';
-import { withConnection } from '../src/shared/db/sql.js';
 import { newId } from '../src/shared/ids.js';
 import { createRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
 import { inboundProcessor } from '../src/workers/inbound.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
-import { holdLock } from './helpers/database.js';
+import { holdLock, preparedOnOneConnection } from './helpers/database.js';
 import { openDialog } from './helpers/smtp-dialog.js';
 import { selfSignedCertificate } from './helpers/tls.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
@@ -249,29 +247,24 @@ describe('bounces by mail', () => {
     const sent = await send('prepared@example.com');
     const report = { id: newReportId(), emailId: sent.id, mailFrom: '', rcptTo: sent.returnPath, raw: Buffer.from(fixture('postfix-dsn', sent)) };
     await insertReports(ctx.services.orm.em, [report], new Date());
-    // One connection: every statement of the job runs on the connection read afterwards.
-    const orm = await initOrm({ databaseUrl: ctx.env.config.databaseUrl, poolSize: 1 });
-    try {
+    const prepared = await preparedOnOneConnection(ctx.env.config.databaseUrl, async (orm) => {
       const outcomes = await processReports(orm.em.fork(), [report.id], { bounceDomain: BOUNCE_DOMAIN, now: new Date() });
       expect(outcomes.get(report.id)).toMatchObject({ status: 'applied', event: 'email.bounced' });
-      const prepared = await withConnection(orm.em, (q) => q.query<{ name: string }>('select name from pg_prepared_statements order by name'));
-      expect(prepared.map((r) => r.name)).toEqual(
-        expect.arrayContaining([
-          'mailroom_inbound_pending',
-          'mailroom_inbound_emails',
-          'mailroom_inbound_claim',
-          'mailroom_feedback_lock_emails',
-          'mailroom_feedback_events',
-          'mailroom_feedback_statuses',
-          'mailroom_feedback_suppressions',
-          'mailroom_feedback_history',
-          'mailroom_outbox_emails',
-          'mailroom_inbound_finish',
-        ]),
-      );
-    } finally {
-      await orm.close();
-    }
+    });
+    expect(prepared).toEqual(
+      expect.arrayContaining([
+        'mailroom_inbound_pending',
+        'mailroom_inbound_emails',
+        'mailroom_inbound_claim',
+        'mailroom_feedback_lock_emails',
+        'mailroom_feedback_events',
+        'mailroom_feedback_statuses',
+        'mailroom_feedback_suppressions',
+        'mailroom_feedback_history',
+        'mailroom_outbox_emails',
+        'mailroom_inbound_finish',
+      ]),
+    );
   });
 });
 

@@ -1,6 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import pg from 'pg';
-import { inTransaction } from '../../src/shared/db/sql.js';
+import { initOrm, type Orm } from '../../src/shared/db/orm.js';
+import { inTransaction, withConnection } from '../../src/shared/db/sql.js';
 
 /** The server of DATABASE_URL (or the default), with another database name. */
 export function databaseUrl(name: string): string {
@@ -51,4 +52,20 @@ export async function holdLock(em: EntityManager, lock: string): Promise<{ relea
       await holder;
     },
   };
+}
+
+/**
+ * Runs `work` on an ORM of its own with a pool of one connection, then returns the names of
+ * the statements prepared on that connection (`pg_prepared_statements` is per session): every
+ * statement `work` ran went through it.
+ */
+export async function preparedOnOneConnection(url: string, work: (orm: Orm) => Promise<void>): Promise<string[]> {
+  const orm = await initOrm({ databaseUrl: url, poolSize: 1 });
+  try {
+    await work(orm);
+    const rows = await withConnection(orm.em, (sql) => sql.query<{ name: string }>('select name from pg_prepared_statements order by name'));
+    return rows.map((r) => r.name);
+  } finally {
+    await orm.close();
+  }
 }
