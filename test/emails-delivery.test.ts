@@ -157,12 +157,18 @@ describe('delivery over SMTP', () => {
     expect(received(email.message_id)).toHaveLength(1);
   });
 
-  /** An email written straight to the table: no job, so only the test's own calls may send it. */
+  /**
+   * An email written straight to the table: no job, so only the test's own calls may send it.
+   * Created "in an hour": the reconciler of the running workers (grace 0 here) re-enqueues only
+   * emails created before its run, and would otherwise send it first when its run comes while
+   * the test does (a test run alone starts right after the workers' first reconcile).
+   */
   async function insertUnqueuedEmail(id: string, to: string): Promise<string> {
     const em = ctx.services.orm.em.fork();
     const [org] = await em.execute<{ id: string }[]>('select id from organizations limit 1');
     await em.execute(
-      `insert into emails (id, organization_id, from_address, to_address, subject, content_kind, content) values (?, ?, 'a@acme.test', ?, 'once', 'html', '<p>once</p>')`,
+      `insert into emails (id, organization_id, from_address, to_address, subject, content_kind, content, created_at)
+       values (?, ?, 'a@acme.test', ?, 'once', 'html', '<p>once</p>', now() + interval '1 hour')`,
       [id, org!.id, to],
     );
     return id;
