@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
 import { initOrm } from '../src/shared/db/orm.js';
-import { withConnection } from '../src/shared/db/sql.js';
+import { sqlOf, withConnection } from '../src/shared/db/sql.js';
 import { createLogger } from '../src/shared/logger.js';
 import { createRedis, waitForRedis } from '../src/shared/redis.js';
 import { emailSendProcessor } from '../src/workers/emails.js';
@@ -85,11 +85,20 @@ describe('PostgreSQL through PgBouncer in transaction mode (DATABASE_PREPARED_ST
         await sql.query('commit');
         return names.map((r) => r.name);
       });
+    // The same probe through `sqlOf`, inside a MikroORM transaction: the way the report reader
+    // and the feedback recorder run their named statements.
+    const preparedInOrmTransaction = (em: typeof services.orm.em) =>
+      em.fork().transactional(async (tx) => {
+        await sqlOf(tx).query('select 1 as one', [], 'mailroom_test_orm_probe');
+        return (await sqlOf(tx).query<{ name: string }>('select name from pg_prepared_statements')).map((r) => r.name);
+      });
     expect(await prepared(services.orm.em)).not.toContain('mailroom_test_probe');
-    // The same probe with the default (named statements on): the view does show it.
+    expect(await preparedInOrmTransaction(services.orm.em)).not.toContain('mailroom_test_orm_probe');
+    // The same probes with the default (named statements on): the view does show them.
     const orm = await initOrm({ databaseUrl: env.config.databaseUrl });
     try {
       expect(await prepared(orm.em)).toContain('mailroom_test_probe');
+      expect(await preparedInOrmTransaction(orm.em)).toContain('mailroom_test_orm_probe');
     } finally {
       await orm.close();
     }
