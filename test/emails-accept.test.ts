@@ -1,5 +1,4 @@
 import { createServer, type AddressInfo } from 'node:net';
-import pg from 'pg';
 import { initOrm } from '../src/shared/db/orm.js';
 import { isDependencyDown } from '../src/shared/dependency-errors.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -7,6 +6,7 @@ import { acceptRequests } from '../src/shared/emails/accept.js';
 import { EmailWriter, requestHash } from '../src/shared/emails/service.js';
 import type { NewEmail } from '../src/shared/emails/input.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { holdIdempotencyKey, holdLock } from './helpers/database.js';
 
 // The one write path of POST /emails: concurrent sends, with and without an
 // Idempotency-Key, are written together (group commit), and each keeps its own answer.
@@ -31,20 +31,6 @@ function send(body: unknown, headers: Record<string, string> = {}) {
 
 async function rowsTo(to: string): Promise<{ id: string; subject: string; cc: string[] | null; tags: unknown; headers: unknown; status: string }[]> {
   return ctx.services.orm.em.fork().execute(`select id, subject, cc, tags, headers, status from emails where to_address = ? order by id`, [to]);
-}
-
-/** A key row another request is still writing: inserted in an open transaction, rolled back by `release`. */
-async function holdKey(key: string, hash: string): Promise<{ release(): Promise<void> }> {
-  const holder = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
-  await holder.connect();
-  await holder.query('begin');
-  await holder.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, $2, $3, '{}')`, [organizationId, key, hash]);
-  return {
-    async release() {
-      await holder.query('rollback');
-      await holder.end();
-    },
-  };
 }
 
 async function jobIds(): Promise<Set<string>> {
@@ -139,7 +125,7 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     const to = 'split@example.com';
     const input: NewEmail = { organizationId, from: base.from, to, subject: 'split', contentKind: 'html', content: base.html };
     const hash = requestHash('POST /emails', { ...base, to });
-    const held = await holdKey('held-2', hash);
+    const held = await holdIdempotencyKey(ctx.env.config.databaseUrl, organizationId, 'held-2', hash);
     try {
       const results = await acceptRequests(ctx.services.orm.em.fork(), [
         { emails: [input], idempotency: { key: 'held-2', requestHash: hash } },
@@ -158,12 +144,12 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     const to = 'held@example.com';
     const input: NewEmail = { organizationId, from: base.from, to, subject: 'held', contentKind: 'html', content: base.html };
     const hash = requestHash('POST /emails', { ...base, to });
-    const held = await holdKey('held', hash);
+    const held = await holdIdempotencyKey(ctx.env.config.databaseUrl, organizationId, 'held', hash);
     try {
       const settled = await Promise.allSettled([
-        writer.write(input, { key: 'held', requestHash: hash, waitMs: 200 }),
+        writer.write(input, { key: 'held', requestHash: hash }),
         writer.write({ ...input, subject: 'free 1' }),
-        writer.write({ ...input, subject: 'free 2' }, { key: 'free', requestHash: hash, waitMs: 200 }),
+        writer.write({ ...input, subject: 'free 2' }, { key: 'free', requestHash: hash }),
         writer.write({ ...input, subject: 'free 3' }),
       ]);
       expect(settled[0]).toMatchObject({ status: 'rejected', reason: { statusCode: 409, errorName: 'idempotency_conflict' } });
@@ -174,9 +160,24 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
       await held.release();
     }
     // Once the holder is gone the key is free, and a retry is written.
-    const retried = await writer.write(input, { key: 'held', requestHash: hash, waitMs: 200 });
+    const retried = await writer.write(input, { key: 'held', requestHash: hash });
     expect(retried.replayed).toBe(false);
     expect((await rowsTo(to)).map((r) => r.id)).toContain(retried.ids[0]);
+  });
+
+  it('waits, as an unkeyed send does, on any lock but its own key: a table locked for a moment is no 409', async () => {
+    // Concurrent inserts wait on each other's relation-extension locks; a busy machine makes
+    // such a wait last milliseconds. A keyed request is refused only for its own key.
+    const to = 'waits@example.com';
+    const input: NewEmail = { organizationId, from: base.from, to, subject: 'waits', contentKind: 'html', content: base.html };
+    const hash = requestHash('POST /emails', { ...base, to });
+    const lock = await holdLock(ctx.services.orm.em, 'lock table emails in share mode');
+    const pending = acceptRequests(ctx.services.orm.em.fork(), [{ emails: [input], idempotency: { key: 'waits', requestHash: hash } }]);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    await lock.release();
+    const [result] = await pending;
+    expect(result).toMatchObject({ ok: { replayed: false } });
+    expect(await rowsTo(to)).toHaveLength(1);
   });
 
   it('keeps keys per organization within one group: the same key in two organizations writes both', async () => {

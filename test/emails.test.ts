@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { lastEvent } from '../src/shared/emails/last-event.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
+import { holdIdempotencyKey } from './helpers/database.js';
 
 let ctx: TestContext;
 let token: string;
@@ -162,22 +163,17 @@ describe('Idempotency-Key (docs/emails.md "Idempotency-Key")', () => {
 
   it('answers 409 while a request with the same key is still running', async () => {
     const { createEmails, requestHash } = await import('../src/shared/emails/service.js');
-    const { default: pg } = await import('pg');
     const [org] = await ctx.services.orm.em.fork().execute<{ id: string }[]>('select id from organizations limit 1');
     const hash = requestHash('POST /emails', base);
-    // The first request: its key row inserted, its transaction not committed yet.
-    const first = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
-    await first.connect();
+    // The first request: its key held and its row inserted, its transaction not committed yet.
+    const first = await holdIdempotencyKey(ctx.env.config.databaseUrl, org!.id, 'slow', hash);
     try {
-      await first.query('begin');
-      await first.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, 'slow', $2, '{}')`, [org!.id, hash]);
       const input = { organizationId: org!.id, from: base.from, to: base.to, subject: base.subject, contentKind: 'html' as const, content: base.html };
       await expect(
-        createEmails(ctx.services.orm.em.fork(), { producer: ctx.services.producer }, [input], { idempotency: { key: 'slow', requestHash: hash, waitMs: 200 } }),
+        createEmails(ctx.services.orm.em.fork(), { producer: ctx.services.producer }, [input], { idempotency: { key: 'slow', requestHash: hash } }),
       ).rejects.toMatchObject({ statusCode: 409, errorName: 'idempotency_conflict' });
     } finally {
-      await first.query('rollback');
-      await first.end();
+      await first.release();
     }
   });
 

@@ -2,6 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import pg from 'pg';
 import { initOrm, type Orm } from '../../src/shared/db/orm.js';
 import { inTransaction, withConnection } from '../../src/shared/db/sql.js';
+import { idempotencyKeyLock } from '../../src/shared/emails/queries.js';
 
 /** The server of DATABASE_URL (or the default), with another database name. */
 export function databaseUrl(name: string): string {
@@ -68,4 +69,22 @@ export async function preparedOnOneConnection(url: string, work: (orm: Orm) => P
   } finally {
     await orm.close();
   }
+}
+
+/**
+ * A key that another request is writing now, as that request holds it: its advisory lock
+ * taken and its row inserted, in a transaction left open until `release` rolls it back.
+ */
+export async function holdIdempotencyKey(url: string, organizationId: string, key: string, requestHash: string): Promise<{ release(): Promise<void> }> {
+  const holder = new pg.Client({ connectionString: url });
+  await holder.connect();
+  await holder.query('begin');
+  await holder.query(`select pg_advisory_xact_lock(${idempotencyKeyLock('$1::text', '$2::text')})`, [organizationId, key]);
+  await holder.query(`insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids) values ($1, $2, $3, '{}')`, [organizationId, key, requestHash]);
+  return {
+    async release() {
+      await holder.query('rollback');
+      await holder.end();
+    },
+  };
 }

@@ -18,8 +18,8 @@ import type { NewEmail } from './input.js';
  * - With keys, the key rows and the emails are written by ONE statement (a data-modifying
  *   CTE): an email row is written only when its request's key row was inserted (or an
  *   expired one taken over) by that same statement, so the two commit together or not at
- *   all. A concurrent statement inserting the same key waits on the key's row lock at most
- *   1 ms (`lock_timeout`): 409 while the first runs, its answer again once it committed.
+ *   all. A statement meeting a key that another one is writing now does not wait for it:
+ *   409 while the first runs, its answer again once it committed (see queries.ts).
  */
 
 /** One caller's request: its emails are written all or nothing, and answered together. */
@@ -32,8 +32,6 @@ export interface Idempotency {
   key: string;
   /** SHA-256 of the request (route and validated body). */
   requestHash: string;
-  /** How long to wait for an earlier request with the key to finish before 409 (ms). */
-  waitMs?: number;
 }
 
 export interface CreatedEmails {
@@ -44,11 +42,6 @@ export interface CreatedEmails {
 
 /** Per request, in order: what was written (or replayed), or why not. */
 export type AcceptResult = { ok: CreatedEmails } | { error: unknown };
-
-// How long a request waits for an earlier one with the same key to finish before 409
-// (contract 4: a key reused while the first request runs is 409). PostgreSQL's shortest lock
-// wait: a first request that commits within it is answered again instead.
-const IDEMPOTENCY_WAIT_MS = 1;
 
 const STILL_RUNNING = 'A request with this Idempotency-Key is still being processed; retry shortly';
 
@@ -66,8 +59,8 @@ const scope = (organizationId: string, key: string) => `${organizationId}\n${key
 
 /**
  * Writes the requests together: one statement (two when a key was used before), one
- * commit. Each request gets its own answer; a request's failure (a key still held by a
- * running request past its wait) does not fail the others (see writeOrSplit).
+ * commit. Each request gets its own answer; one request's failure does not fail the others
+ * (see writeOrSplit).
  */
 export async function acceptRequests(em: EntityManager, requests: AcceptRequest[]): Promise<AcceptResult[]> {
   // The same key twice in one group: only the first is written. A repeat gets the first's
@@ -99,9 +92,9 @@ export async function acceptRequests(em: EntityManager, requests: AcceptRequest[
 }
 
 /**
- * One statement for the requests; when it fails (a key held by a request of another group
- * past the 1 ms wait), the requests without a key go together again and each keyed one alone,
- * so that each gets its own answer and a group of hundreds is not written one by one.
+ * One statement for the requests; when it fails (a deadlock, a constraint), the requests
+ * without a key go together again and each keyed one alone, so that each gets its own answer
+ * and a group of hundreds is not written one by one.
  */
 async function writeOrSplit(em: EntityManager, requests: AcceptRequest[]): Promise<AcceptResult[]> {
   try {
@@ -109,7 +102,7 @@ async function writeOrSplit(em: EntityManager, requests: AcceptRequest[]): Promi
   } catch (error) {
     // PostgreSQL unreachable fails every request alike: one answer (503) for all, not one
     // more connection attempt (3 s each) per request of the group.
-    if (requests.length === 1 || isDependencyDown(error)) return requests.map(() => ({ error: mapError(error) }));
+    if (requests.length === 1 || isDependencyDown(error)) return requests.map(() => ({ error }));
     // The unkeyed requests together (unless they are the whole group that failed: then one
     // by one), each keyed one alone.
     const unkeyed = requests.flatMap((r, i) => (r.idempotency ? [] : [i]));
@@ -125,13 +118,6 @@ async function writeOrSplit(em: EntityManager, requests: AcceptRequest[]): Promi
 }
 
 const differentBody = () => new ConflictError('idempotency_conflict', 'This Idempotency-Key was already used with a different request body');
-
-function mapError(error: unknown): unknown {
-  if ((error as { code?: string }).code === '55P03') {
-    return new ConflictError('idempotency_conflict', STILL_RUNNING);
-  }
-  return error;
-}
 
 /** One statement for all the requests (keys unique among them); throws when it fails. */
 async function write(em: EntityManager, requests: AcceptRequest[]): Promise<AcceptResult[]> {
@@ -156,20 +142,22 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
 
   // Key rows in a fixed order, so two statements claiming the same keys cannot deadlock.
   keyed.sort((a, b) => (a.scoped < b.scoped ? -1 : a.scoped > b.scoped ? 1 : 0));
-  // lock_timeout bounds the wait on a key that another request holds.
-  const lockTimeoutMs = Math.max(...keyed.map((k) => k.idempotency.waitMs ?? IDEMPOTENCY_WAIT_MS));
-  const { claimed, earlier: rows } = await insertKeyedEmails(em, {
+  const { claimed, busy, earlier: rows } = await insertKeyedEmails(em, {
     keys: keyed.map((k) => ({ organizationId: k.organizationId, key: k.idempotency.key, requestHash: k.idempotency.requestHash, emailIds: requestIds[k.i]! })),
     emails: inputs,
     ids,
     rowKeys,
-    lockTimeoutMs,
   });
   const won = new Set(claimed.map((c) => scope(c.organization_id, c.idempotency_key)));
+  const running = new Set(busy.map((c) => scope(c.organization_id, c.idempotency_key)));
   const earlier = new Map(rows.map((row) => [scope(row.organization_id, row.idempotency_key), row]));
   const results = requestIds.map((own): AcceptResult => ({ ok: { ids: own, replayed: false } }));
   for (const { i, idempotency, scoped } of keyed) {
     if (won.has(scoped)) continue;
+    if (running.has(scoped)) {
+      results[i] = { error: new ConflictError('idempotency_conflict', STILL_RUNNING) };
+      continue;
+    }
     const row = earlier.get(scoped);
     if (!row) results[i] = { error: new ConflictError('idempotency_conflict', 'The Idempotency-Key changed state during the request; retry') };
     else if (row.request_hash !== idempotency.requestHash) {

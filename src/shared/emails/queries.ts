@@ -48,16 +48,34 @@ const INSERT_INTO = `insert into emails (${COLUMNS.map(quote).join(', ')})`;
 /** Emails only (no key): one statement. */
 const INSERT_SQL = `${INSERT_INTO} select ${SELECT_ROWS} from ${rows(COLUMNS)}`;
 
+/** The advisory lock a request holds on its key while it writes it (SQL, of two text expressions). */
+export const idempotencyKeyLock = (organizationId: string, key: string) => `hashtextextended('mailroom:idempotency:' || ${organizationId} || E'\\n' || ${key}, 0)`;
+
 /**
  * Keys and emails in one statement. `k` are the key rows (organization, key, hash, the
  * request's ids as an array literal); each email row carries its request's key (null when
  * the request has none) and is inserted only when that key was claimed here.
+ *
+ * A key that another request is writing now is never waited for (contract 4: 409 while the
+ * first runs). Each key is first taken as a transaction-scoped advisory lock, without
+ * waiting; a key whose lock another statement holds is left out and returned as not
+ * claimed, and that request is answered 409 at once. The writer of a key row holds its lock
+ * until it commits, so the unique index never makes this statement wait on a running one.
+ * (A 1 ms `lock_timeout` did this before: it bounded every lock wait of the statement, the
+ * table's extension lock too, and so answered 409 to requests with keys of their own while
+ * concurrent inserts extended `emails` on a busy machine.) `keys` is used twice and calls
+ * a volatile function, so PostgreSQL evaluates it once.
  */
 const INSERT_KEYED_SQL = `
-  with claimed as (
+  with keys as (
+    select k.organization_id, k.idempotency_key, k.request_hash, k.email_ids,
+           pg_try_advisory_xact_lock(${idempotencyKeyLock('k.organization_id', 'k.idempotency_key')}) as free
+      from unnest(?::text[], ?::text[], ?::text[], ?::text[]) as k(organization_id, idempotency_key, request_hash, email_ids)
+  ), claimed as (
     insert into email_idempotency_keys (organization_id, idempotency_key, request_hash, email_ids, created_at)
     select k.organization_id, k.idempotency_key, k.request_hash, k.email_ids::text[], now()
-      from unnest(?::text[], ?::text[], ?::text[], ?::text[]) as k(organization_id, idempotency_key, request_hash, email_ids)
+      from keys k
+     where k.free
     on conflict (organization_id, idempotency_key) do update
       set request_hash = excluded.request_hash, email_ids = excluded.email_ids, created_at = excluded.created_at
       where email_idempotency_keys.created_at < now() - interval '${IDEMPOTENCY_TTL_HOURS} hours'
@@ -69,7 +87,9 @@ const INSERT_KEYED_SQL = `
      where r."key" is null
         or exists (select 1 from claimed c where c.organization_id = r.organization_id and c.idempotency_key = r."key")
   )
-  select organization_id, idempotency_key from claimed`;
+  select organization_id, idempotency_key, true as claimed from claimed
+  union all
+  select organization_id, idempotency_key, false from keys where not free`;
 
 /** The earlier requests' key rows, for the keys a statement did not claim. */
 const EARLIER_SQL = `
@@ -132,37 +152,39 @@ export interface EarlierKey {
   email_ids: string[];
 }
 
+export interface KeyOwner {
+  organization_id: string;
+  idempotency_key: string;
+}
+
 /**
- * Keyed requests: in one transaction (waiting at most `lockTimeoutMs` on a key another
- * request holds: error 55P03), the key rows and the emails whose key was claimed go in as one
- * statement; then `earlier` are read for the keys it did not claim.
+ * Keyed requests: the key rows and the emails whose key was claimed go in as one statement,
+ * atomic on its own; then `earlier` are read for the keys it neither claimed nor found
+ * `busy` (another request writing them now).
  */
 export async function insertKeyedEmails(
   em: EntityManager,
-  input: { keys: readonly KeyRow[]; emails: readonly NewEmail[]; ids: readonly string[]; rowKeys: readonly (string | null)[]; lockTimeoutMs: number },
-): Promise<{ claimed: { organization_id: string; idempotency_key: string }[]; earlier: EarlierKey[] }> {
-  return inTransaction(
-    em,
-    async (sql) => {
-      const claimed = await sql.query<{ organization_id: string; idempotency_key: string }>(
-        INSERT_KEYED_SQL,
-        [
-          input.keys.map((k) => k.organizationId),
-          input.keys.map((k) => k.key),
-          input.keys.map((k) => k.requestHash),
-          // A PG array literal: ids are [0-9a-z_] only.
-          input.keys.map((k) => `{${k.emailIds.join(',')}}`),
-          ...columnArrays(input.emails, input.ids, input.rowKeys),
-        ],
-        'mailroom_emails_insert_keyed',
-      );
-      const won = new Set(claimed.map((c) => `${c.organization_id}\n${c.idempotency_key}`));
-      const missing = input.keys.filter((k) => !won.has(`${k.organizationId}\n${k.key}`));
-      const earlier = missing.length === 0 ? [] : await sql.query<EarlierKey>(EARLIER_SQL, [missing.map((m) => m.organizationId), missing.map((m) => m.key)]);
-      return { claimed, earlier };
-    },
-    { lockTimeoutMs: input.lockTimeoutMs },
-  );
+  input: { keys: readonly KeyRow[]; emails: readonly NewEmail[]; ids: readonly string[]; rowKeys: readonly (string | null)[] },
+): Promise<{ claimed: KeyOwner[]; busy: KeyOwner[]; earlier: EarlierKey[] }> {
+  return withConnection(em, async (sql) => {
+    const rows = await sql.query<KeyOwner & { claimed: boolean }>(
+      INSERT_KEYED_SQL,
+      [
+        input.keys.map((k) => k.organizationId),
+        input.keys.map((k) => k.key),
+        input.keys.map((k) => k.requestHash),
+        // A PG array literal: ids are [0-9a-z_] only.
+        input.keys.map((k) => `{${k.emailIds.join(',')}}`),
+        ...columnArrays(input.emails, input.ids, input.rowKeys),
+      ],
+      'mailroom_emails_insert_keyed',
+    );
+    const answered = new Set(rows.map((r) => `${r.organization_id}\n${r.idempotency_key}`));
+    const missing = input.keys.filter((k) => !answered.has(`${k.organizationId}\n${k.key}`));
+    const earlier = missing.length === 0 ? [] : await sql.query<EarlierKey>(EARLIER_SQL, [missing.map((m) => m.organizationId), missing.map((m) => m.key)]);
+    const owner = ({ organization_id, idempotency_key }: KeyOwner): KeyOwner => ({ organization_id, idempotency_key });
+    return { claimed: rows.filter((r) => r.claimed).map(owner), busy: rows.filter((r) => !r.claimed).map(owner), earlier };
+  });
 }
 
 /** Deletes Idempotency-Key rows past their 24 h; returns how many. */
