@@ -65,7 +65,7 @@ export interface TransactionOptions {
    * commits (never corrupt or half-apply them).
    */
   asyncCommit?: boolean;
-  /** `lock_timeout` for this transaction (ms): a statement waiting longer on a row lock fails with 55P03. */
+  /** `lock_timeout` for this transaction (ms): a statement waiting longer on any lock (a row, a table, a relation being extended) fails with 55P03. */
   lockTimeoutMs?: number;
 }
 
