@@ -180,6 +180,42 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     expect(await rowsTo(to)).toHaveLength(1);
   });
 
+  it('writes a group once when it fails after its insert: the read of earlier keys is in the same transaction', async () => {
+    // A group of a repeated key (its earlier row must be read by a second statement), a new
+    // key and an unkeyed send. Once the new key row is inserted, a trigger points the session's
+    // search_path nowhere, so that second statement fails and the group is written again,
+    // request by request. Had the insert committed on its own, the unkeyed email would be
+    // written twice.
+    const to = 'fails-after@example.com';
+    const input: NewEmail = { organizationId, from: base.from, to, subject: 'once', contentKind: 'html', content: base.html };
+    const hash = requestHash('POST /emails', { ...base, to });
+    const [first] = await acceptRequests(ctx.services.orm.em.fork(), [{ emails: [input], idempotency: { key: 'fails-after-1', requestHash: hash } }]);
+    expect(first).toMatchObject({ ok: { replayed: false } });
+    const admin = ctx.services.orm.em.fork();
+    await admin.execute(`create function lose_search_path() returns trigger language plpgsql as $$
+      begin perform set_config('search_path', 'nowhere', false); return null; end $$`);
+    await admin.execute(`create trigger lose_search_path after insert on email_idempotency_keys for each row
+      when (new.idempotency_key = 'fails-after-2') execute function lose_search_path()`);
+    // An ORM of its own: the connection whose search_path the trigger changes is closed after.
+    const orm = await initOrm({ databaseUrl: ctx.env.config.databaseUrl, poolSize: 1 });
+    try {
+      const results = await acceptRequests(orm.em.fork(), [
+        { emails: [input], idempotency: { key: 'fails-after-1', requestHash: hash } },
+        { emails: [{ ...input, subject: 'new key' }], idempotency: { key: 'fails-after-2', requestHash: hash } },
+        { emails: [{ ...input, subject: 'no key' }] },
+      ]);
+      expect(results[0]).toEqual({ ok: { ids: (first as { ok: { ids: string[] } }).ok.ids, replayed: true } });
+      expect(results[1]).toMatchObject({ ok: { replayed: false } });
+      expect(results[2]).toMatchObject({ ok: { replayed: false } });
+      const rows = await rowsTo(to);
+      expect(rows.map((r) => r.subject).sort()).toEqual(['new key', 'no key', 'once']);
+    } finally {
+      await orm.close();
+      await admin.execute('drop trigger lose_search_path on email_idempotency_keys');
+      await admin.execute('drop function lose_search_path()');
+    }
+  });
+
   it('keeps keys per organization within one group: the same key in two organizations writes both', async () => {
     // Spec: Idempotency-Key is per organization. The group commit scopes each key by its
     // organization; scoping by the key alone would replay (or 409) the other organization's request.

@@ -60,11 +60,11 @@ export const idempotencyKeyLock = (organizationId: string, key: string) => `hash
  * first runs). Each key is first taken as a transaction-scoped advisory lock, without
  * waiting; a key whose lock another statement holds is left out and returned as not
  * claimed, and that request is answered 409 at once. The writer of a key row holds its lock
- * until it commits, so the unique index never makes this statement wait on a running one.
- * (A 1 ms `lock_timeout` did this before: it bounded every lock wait of the statement, the
- * table's extension lock too, and so answered 409 to requests with keys of their own while
- * concurrent inserts extended `emails` on a busy machine.) `keys` is used twice and calls
- * a volatile function, so PostgreSQL evaluates it once.
+ * until it commits, so no two statements ever wait on each other's key rows (nor deadlock
+ * on them, whatever the order of the keys). Every other lock is waited for, as an unkeyed
+ * insert does: a `lock_timeout` would also cut short the waits of concurrent inserts on the
+ * table's extension (docs/emails.md "Accepting mail"). `keys` is used twice and calls a
+ * volatile function, so PostgreSQL evaluates it once.
  */
 const INSERT_KEYED_SQL = `
   with keys as (
@@ -158,15 +158,17 @@ export interface KeyOwner {
 }
 
 /**
- * Keyed requests: the key rows and the emails whose key was claimed go in as one statement,
- * atomic on its own; then `earlier` are read for the keys it neither claimed nor found
- * `busy` (another request writing them now).
+ * Keyed requests, in one transaction: the key rows and the emails whose key was claimed go
+ * in as one statement; then `earlier` are read for the keys it neither claimed nor found
+ * `busy` (another request writing them now). The read is inside the transaction so that
+ * when it fails, nothing is committed and the caller may write the requests again
+ * (accept.ts writeOrSplit) without writing an email twice.
  */
 export async function insertKeyedEmails(
   em: EntityManager,
   input: { keys: readonly KeyRow[]; emails: readonly NewEmail[]; ids: readonly string[]; rowKeys: readonly (string | null)[] },
 ): Promise<{ claimed: KeyOwner[]; busy: KeyOwner[]; earlier: EarlierKey[] }> {
-  return withConnection(em, async (sql) => {
+  return inTransaction(em, async (sql) => {
     const rows = await sql.query<KeyOwner & { claimed: boolean }>(
       INSERT_KEYED_SQL,
       [
@@ -182,8 +184,7 @@ export async function insertKeyedEmails(
     const answered = new Set(rows.map((r) => `${r.organization_id}\n${r.idempotency_key}`));
     const missing = input.keys.filter((k) => !answered.has(`${k.organizationId}\n${k.key}`));
     const earlier = missing.length === 0 ? [] : await sql.query<EarlierKey>(EARLIER_SQL, [missing.map((m) => m.organizationId), missing.map((m) => m.key)]);
-    const owner = ({ organization_id, idempotency_key }: KeyOwner): KeyOwner => ({ organization_id, idempotency_key });
-    return { claimed: rows.filter((r) => r.claimed).map(owner), busy: rows.filter((r) => !r.claimed).map(owner), earlier };
+    return { claimed: rows.filter((r) => r.claimed), busy: rows.filter((r) => !r.claimed), earlier };
   });
 }
 
