@@ -140,8 +140,6 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
     return requestIds.map((own) => ({ ok: { ids: own, replayed: false } }));
   }
 
-  // Key rows in a fixed order, so two statements claiming the same keys cannot deadlock.
-  keyed.sort((a, b) => (a.scoped < b.scoped ? -1 : a.scoped > b.scoped ? 1 : 0));
   const { claimed, busy, earlier: rows } = await insertKeyedEmails(em, {
     keys: keyed.map((k) => ({ organizationId: k.organizationId, key: k.idempotency.key, requestHash: k.idempotency.requestHash, emailIds: requestIds[k.i]! })),
     emails: inputs,
