@@ -33,6 +33,15 @@ async function rowsTo(to: string): Promise<{ id: string; subject: string; cc: st
   return ctx.services.orm.em.fork().execute(`select id, subject, cc, tags, headers, status from emails where to_address = ? order by id`, [to]);
 }
 
+/** A keyed request to `to`, written and committed: its input, request hash and email ids. */
+async function committedKey(to: string, key: string): Promise<{ input: NewEmail; hash: string; ids: string[] }> {
+  const input: NewEmail = { organizationId, from: base.from, to, subject: 'once', contentKind: 'html', content: base.html };
+  const hash = requestHash('POST /emails', { ...base, to });
+  const [first] = await acceptRequests(ctx.services.orm.em.fork(), [{ emails: [input], idempotency: { key, requestHash: hash } }]);
+  expect(first).toMatchObject({ ok: { replayed: false } });
+  return { input, hash, ids: (first as { ok: { ids: string[] } }).ok.ids };
+}
+
 async function jobIds(): Promise<Set<string>> {
   const jobs = await ctx.services.producer.queue('emails').getJobs(['waiting', 'delayed', 'prioritized', 'active']);
   return new Set(jobs.map((j) => j.id!));
@@ -104,11 +113,7 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
 
   it('answers repeats of a committed key in one group as the key answers: its ids, or 409 for another body', async () => {
     const to = 'committed-repeat@example.com';
-    const input: NewEmail = { organizationId, from: base.from, to, subject: 'once', contentKind: 'html', content: base.html };
-    const hash = requestHash('POST /emails', { ...base, to });
-    const [first] = await acceptRequests(ctx.services.orm.em.fork(), [{ emails: [input], idempotency: { key: 'done-1', requestHash: hash } }]);
-    expect(first).toMatchObject({ ok: { replayed: false } });
-    const ids = (first as { ok: { ids: string[] } }).ok.ids;
+    const { input, hash, ids } = await committedKey(to, 'done-1');
     const later = await acceptRequests(ctx.services.orm.em.fork(), [
       { emails: [input], idempotency: { key: 'done-1', requestHash: hash } },
       { emails: [input], idempotency: { key: 'done-1', requestHash: hash } },
@@ -187,10 +192,7 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
     // request by request. Had the insert committed on its own, the unkeyed email would be
     // written twice.
     const to = 'fails-after@example.com';
-    const input: NewEmail = { organizationId, from: base.from, to, subject: 'once', contentKind: 'html', content: base.html };
-    const hash = requestHash('POST /emails', { ...base, to });
-    const [first] = await acceptRequests(ctx.services.orm.em.fork(), [{ emails: [input], idempotency: { key: 'fails-after-1', requestHash: hash } }]);
-    expect(first).toMatchObject({ ok: { replayed: false } });
+    const { input, hash, ids } = await committedKey(to, 'fails-after-1');
     const admin = ctx.services.orm.em.fork();
     await admin.execute(`create function lose_search_path() returns trigger language plpgsql as $$
       begin perform set_config('search_path', 'nowhere', false); return null; end $$`);
@@ -204,7 +206,7 @@ describe('POST /api/v2/emails: one write path, group-committed', () => {
         { emails: [{ ...input, subject: 'new key' }], idempotency: { key: 'fails-after-2', requestHash: hash } },
         { emails: [{ ...input, subject: 'no key' }] },
       ]);
-      expect(results[0]).toEqual({ ok: { ids: (first as { ok: { ids: string[] } }).ok.ids, replayed: true } });
+      expect(results[0]).toEqual({ ok: { ids, replayed: true } });
       expect(results[1]).toMatchObject({ ok: { replayed: false } });
       expect(results[2]).toMatchObject({ ok: { replayed: false } });
       const rows = await rowsTo(to);
