@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { BODY_LIMIT, buildApp } from '../src/api/app.js';
@@ -57,6 +58,15 @@ describe('malformed requests (docs/foundation.md "Errors")', () => {
       expect(res.json()).toEqual({ name: 'unsupported_media_type', message: expect.any(String), statusCode: 415 });
     },
   );
+
+  it('answers 415 to a compressed body (Content-Encoding), and takes `identity`', async () => {
+    const json = JSON.stringify({ name: 'gzipped' });
+    const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: { ...bearer(token), 'content-type': 'application/json', 'content-encoding': 'gzip' }, payload: gzipSync(json) });
+    expect(res.statusCode).toBe(415);
+    expect(res.json()).toEqual({ name: 'unsupported_media_type', message: expect.stringContaining('Content-Encoding gzip'), statusCode: 415 });
+    const plain = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: { ...bearer(token), 'content-type': 'application/json', 'content-encoding': 'identity' }, payload: json });
+    expect(plain.statusCode).toBe(200);
+  });
 
   it('accepts JSON with a charset', async () => {
     const res = await postTokens(JSON.stringify({ name: 'charset' }), 'application/json; charset=utf-8');

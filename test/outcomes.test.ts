@@ -450,11 +450,18 @@ describe('provider webhook', () => {
     }
   });
 
-  it('answers 422 to a malformed signed body and 404 to an unknown message id', async () => {
-    for (const body of [{ type: 'opened', messageId: 'x@acme.test' }, { type: 'delivered' }, { type: 'bounced', messageId: 'x', bounceType: 'maybe' }, 'not json', '[]']) {
+  it('answers 400 to a signed body that is not JSON, 422 to one that is not an event and 404 to an unknown message id', async () => {
+    for (const body of [{ type: 'opened', messageId: 'x@acme.test' }, { type: 'delivered' }, { type: 'bounced', messageId: 'x', bounceType: 'maybe' }, '[]', '"text"']) {
       const response = await webhook(body);
       expect(response.statusCode, JSON.stringify(body)).toBe(422);
       expect(response.json()).toMatchObject({ name: 'validation_error' });
+    }
+    for (const body of ['not json', '{bad']) {
+      const response = await webhook(body);
+      expect(response.statusCode, body).toBe(400);
+      expect(response.json()).toMatchObject({ name: 'invalid_json', message: 'The body is not valid JSON' });
+      // Unsigned, the signature is what is refused.
+      expect((await webhook(body, null)).statusCode).toBe(401);
     }
     const unknown = await webhook({ type: 'delivered', messageId: 'eml_nothing@acme.test' });
     expect(unknown.statusCode).toBe(404);

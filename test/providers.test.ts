@@ -357,7 +357,9 @@ describe('POST /webhooks/postmark', () => {
       expect(response.statusCode, String(auth)).toBe(401);
     }
     expect(await lastEvent(email.id)).toBe('sent');
-    expect((await postmark('{oops')).statusCode).toBe(400);
+    const unparsable = await postmark('{oops');
+    expect(unparsable.statusCode).toBe(400);
+    expect(unparsable.json()).toMatchObject({ name: 'invalid_json' });
     expect((await postmark({ ...postmarkBounce(email), MessageID: 'unknown-id' })).json()).toEqual({ received: 1, applied: 0, ignored: 1 });
 
     const app = await buildApp({ ...ctx.services, config: { ...ctx.services.config, providers: { ...ctx.services.config.providers, postmark: undefined } } });
@@ -434,7 +436,9 @@ describe('POST /webhooks/mailgun', () => {
     expect(ahead.statusCode).toBe(401);
     expect(ahead.json().message).toMatch(/more than 10 minutes away from this server's clock/);
     expect(await lastEvent(email.id)).toBe('sent');
-    expect((await mailgun('not json')).statusCode).toBe(400);
+    const unparsable = await mailgun('not json');
+    expect(unparsable.statusCode).toBe(400);
+    expect(unparsable.json()).toMatchObject({ name: 'invalid_json' });
     expect((await mailgun(mailgunSigned(mailgunEvent('opened', email)))).json()).toEqual({ received: 0, applied: 0, ignored: 0 });
   });
 });
@@ -529,7 +533,9 @@ describe('POST /webhooks/sendgrid', () => {
     });
     expect(changed.statusCode).toBe(401);
     expect(await lastEvent(email.id)).toBe('sent');
-    expect((await sendgridPost('[{"event":')).statusCode).toBe(400);
+    const unparsable = await sendgridPost('[{"event":');
+    expect(unparsable.statusCode).toBe(400);
+    expect(unparsable.json()).toMatchObject({ name: 'invalid_json' });
   });
 });
 

@@ -87,6 +87,7 @@ describe('unknown body fields: refused on every route, the same way', () => {
     expect(res.statusCode).toBe(422);
     expect(res.json()).toMatchObject({ name: 'validation_error', statusCode: 422 });
     expect(res.json().message).toContain('"colour" is not a field of this request');
+    expect(res.json().details).toEqual([{ path: 'colour', message: '"colour" is not a field of this request (check its spelling)' }]);
     expect(await Promise.all(['emails', 'api_tokens', 'tags', 'subscribers', 'domains', 'campaigns'].map(count))).toEqual(before);
   });
 

@@ -90,6 +90,10 @@ describe('webhook endpoints API', () => {
     expect(item).toBeDefined();
     expect(item.secret).toBeUndefined();
     expect(JSON.stringify(listed.json())).not.toContain(body.secret);
+    // Its id is a cursor: older endpoints only.
+    const older = await api('GET', `/webhooks?after=${body.id}`);
+    expect(older.statusCode).toBe(200);
+    expect(older.json().data.map((w: { id: string }) => w.id)).not.toContain(body.id);
 
     const got = await api('GET', `/webhooks/${body.id}`);
     expect(got.json()).toMatchObject({ id: body.id, events: ['email.sent', 'contact.created'] });
@@ -110,6 +114,12 @@ describe('webhook endpoints API', () => {
     expect(deleted.json()).toEqual({ object: 'webhook', id: body.id, deleted: true });
     expect((await api('GET', `/webhooks/${body.id}`)).statusCode).toBe(404);
     expect((await api('DELETE', `/webhooks/${body.id}`)).statusCode).toBe(404);
+    // A cursor that is no endpoint of the organization (deleted, or no id at all) is 422, as for emails.
+    for (const cursor of [body.id, 'whk_bogus']) {
+      const unknown = await api('GET', `/webhooks?after=${cursor}`);
+      expect(unknown.statusCode, cursor).toBe(422);
+      expect(unknown.json().details[0]).toMatchObject({ path: 'after' });
+    }
   });
 
   it('refuses bad input with 422 naming the field, and writes nothing', async () => {

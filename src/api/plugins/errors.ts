@@ -43,7 +43,14 @@ export function toErrorBody(error: unknown, request: FastifyRequest): ErrorBody 
       const first = error.validation[0];
       return errorBody(404, 'not_found', `No resource at this path (${detailPath(context, first?.instancePath ?? '')}: ${first?.message ?? 'invalid'})`);
     }
-    const details = error.validation.map((v) => ({ path: detailPath(context, v.instancePath), message: v.message ?? 'invalid' }));
+    // An unknown field is named by its own path (zod reports the object holding it, with the keys).
+    const details = error.validation.flatMap((v) => {
+      const keys = v.keyword === 'unrecognized_keys' ? (v.params as { keys?: unknown }).keys : undefined;
+      if (Array.isArray(keys) && keys.length > 0) {
+        return keys.map((key) => ({ path: detailPath(context, `${v.instancePath.replace(/\/$/, '')}/${String(key)}`), message: `"${String(key)}" is not a field of this request (check its spelling)` }));
+      }
+      return [{ path: detailPath(context, v.instancePath), message: v.message ?? 'invalid' }];
+    });
     const first = details[0];
     return errorBody(status, 'validation_error', first ? `${first.path}: ${first.message}` : 'Invalid request', details);
   }
@@ -139,6 +146,15 @@ export function registerErrorHandling(app: App): void {
     if (!takesInput) return;
     const own = route.preValidation === undefined ? [] : Array.isArray(route.preValidation) ? route.preValidation : [route.preValidation];
     route.preValidation = [...own, refuseNul];
+  });
+  // A compressed body (RFC 7694: the server names the codings it takes, here none) is 415, not
+  // the "not valid JSON" its bytes would otherwise give.
+  app.addHook('preParsing', async (request, _reply, payload) => {
+    const coding = request.headers['content-encoding'];
+    if (coding !== undefined && String(coding).trim().toLowerCase() !== 'identity') {
+      throw new AppError(415, 'unsupported_media_type', `Content-Encoding ${String(coding).trim().slice(0, 40)} is not accepted: send the body uncompressed`);
+    }
+    return payload;
   });
   app.setNotFoundHandler((request, reply) => {
     return reply.code(404).send(errorBody(404, 'not_found', `No route ${request.method} ${request.url.split('?')[0]}`));

@@ -43,7 +43,7 @@ export async function providerWebhooksRoutes(app: App): Promise<void> {
   app.removeContentTypeParser(['application/json', 'text/plain']);
   app.addContentTypeParser(['application/json', 'text/plain'], { parseAs: 'buffer' }, keepRaw);
 
-  const malformed = () => new AppError(400, 'validation_error', 'The body is not valid JSON');
+  const malformed = () => new AppError(400, 'invalid_json', 'The body is not valid JSON');
 
   async function apply(events: DeliveryFeedback[]): Promise<z.infer<typeof Result>> {
     let applied = 0;

@@ -89,7 +89,8 @@ const WEBHOOK_MAX_AGE_S = 600;
 /**
  * docs/outcomes.md "Provider webhook": `POST /webhooks/provider`, authenticated by
  * `X-Mailroom-Signature: sha256=HEX`, the HMAC-SHA256 of the raw body under PROVIDER_WEBHOOK_SECRET
- * (compared in constant time). The signature is checked before the body is validated: 401, then 422.
+ * (compared in constant time). The signature is checked before the body is read: 401, then 400
+ * (not JSON) or 422 (not an event).
  *
  * Optional `X-Mailroom-Timestamp: <Unix seconds>`: the signature is then over
  * `<timestamp>.<raw body>`, and an event more than 10 minutes from now is refused (401),
@@ -99,14 +100,17 @@ const WEBHOOK_MAX_AGE_S = 600;
 export async function providerWebhookRoutes(app: App): Promise<void> {
   const raw = new WeakMap<FastifyRequest, Buffer>();
   // This plugin's own JSON parser keeps the exact bytes that were signed. A body that is
-  // not JSON goes on as a string, so a signed but malformed body is 422, never 400 first.
+  // not JSON goes on, marked, so that the signature is checked first: 401 for an unsigned
+  // one, 400 `invalid_json` (contract 4) for a signed one.
+  const unparsable = new WeakSet<FastifyRequest>();
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body: Buffer, done) => {
     raw.set(request, body);
     try {
       done(null, JSON.parse(body.toString('utf8')));
     } catch {
-      done(null, body.toString('utf8'));
+      unparsable.add(request);
+      done(null, undefined);
     }
   });
 
@@ -136,6 +140,7 @@ export async function providerWebhookRoutes(app: App): Promise<void> {
         if (stamp !== undefined && Math.abs(app.services.clock().getTime() / 1000 - Number(stamp.trim())) > WEBHOOK_MAX_AGE_S) {
           throw new AppError(401, 'invalid_signature', "X-Mailroom-Timestamp is more than 10 minutes away from this server's clock: refused as a possible replay (or a clock that is off)");
         }
+        if (unparsable.has(request)) throw new AppError(400, 'invalid_json', 'The body is not valid JSON');
       },
     },
     async (request) => {

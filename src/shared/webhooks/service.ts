@@ -103,6 +103,10 @@ export async function getWebhook(em: EntityManager, organizationId: string, id: 
 }
 
 export async function listWebhooks(em: EntityManager, organizationId: string, query: { limit?: number; after?: string }): Promise<{ items: Webhook[]; hasMore: boolean }> {
+  // Cursors as for emails (docs/foundation.md "Identifiers, time and lists"): an unknown one is 422.
+  if (query.after !== undefined && !(isId(query.after, 'whk') && (await findEndpoint(em, organizationId, query.after)))) {
+    throw new ValidationError(`after: no webhook ${query.after} in this organization`, [{ path: 'after', message: `no webhook ${query.after} in this organization` }]);
+  }
   const limit = query.limit ?? 20;
   const rows = await listEndpoints(em, organizationId, { limit: limit + 1, after: query.after });
   return { items: rows.slice(0, limit).map(toWebhook), hasMore: rows.length > limit };
