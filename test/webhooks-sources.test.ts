@@ -94,6 +94,26 @@ describe('event sources', () => {
     expect(events('email.complained').filter((e) => e.data.email_id === id)).toHaveLength(1);
   });
 
+  it('contact.updated when delivery feedback marks a subscriber BOUNCED, then COMPLAINED; nothing for a repeat', async () => {
+    const created = await api('POST', '/subscribers', { email: 'reader@bounce.example', name: 'Reader', tags: ['vip'], fields: { plan: 'pro' } });
+    expect(created.statusCode).toBe(200);
+    const subscriberId = created.json().id as string;
+    const updates = () => events('contact.updated').filter((e) => e.data.id === subscriberId);
+    const id = (await api('POST', '/emails', { from: 'a@acme.test', to: 'reader@bounce.example', subject: 'Hi', markdown: 'x' })).json().id as string;
+    const messageId = String((await eventFor('email.sent', (d) => d.email_id === id)).data.message_id);
+    const feedback = (type: 'bounced' | 'complained') => applyDeliveryFeedback(ctx.services.orm.em.fork(), { type, bounceType: 'hard', messageId }, { now: new Date() });
+
+    await feedback('bounced');
+    await feedback('bounced');
+    const bounced = await waitFor('contact.updated BOUNCED', () => updates().find((e) => e.data.status === 'BOUNCED'), 15_000);
+    expect(bounced.data).toEqual({ id: subscriberId, email: 'reader@bounce.example', name: 'Reader', phone: null, status: 'BOUNCED', tags: [{ id: expect.stringMatching(/^tag_/), name: 'vip' }], fields: { plan: 'pro' } });
+    await feedback('complained');
+    await waitFor('contact.updated COMPLAINED', () => updates().find((e) => e.data.status === 'COMPLAINED'), 15_000);
+    await feedback('complained');
+    await new Promise((r) => setTimeout(r, 500));
+    expect(updates().map((e) => e.data.status)).toEqual(['BOUNCED', 'COMPLAINED']);
+  });
+
   it('domain.verified when its records are found, domain.failed after 72 hours without them', async () => {
     const created = (await api('POST', '/domains', { domain: 'news.example' })).json();
     publishDomainRecords(dns, created.dnsRecords);

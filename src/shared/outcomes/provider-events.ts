@@ -3,7 +3,9 @@ import { z } from 'zod';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { historyKey } from '../verification/history.js';
-import { recordEmailEvents } from '../webhooks/queries.js';
+import { toRecord } from '../subscribers/rows.js';
+import { tagsOf } from '../subscribers/service.js';
+import { recordContactEvents, recordEmailEvents } from '../webhooks/queries.js';
 import {
   deliveryEventKey,
   insertDeliveryEvents,
@@ -184,7 +186,12 @@ async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, Fee
   for (const [type, list] of hooks) await recordEmailEvents(tx, `email.${type}`, list);
   await setDeliveryStatuses(tx, [...changedEmails].map((id) => ({ id, status: status.get(id)! })));
   await insertSuppressions(tx, [...suppressions.values()], now);
-  await setSubscribersBounced(tx, [...subscribers.values()], now);
+  // A status a subscriber took from the feedback is a change of the contact (docs/webhooks.md).
+  const changedSubscribers = await setSubscribersBounced(tx, [...subscribers.values()], now);
+  if (changedSubscribers.length > 0) {
+    const tags = await tagsOf(tx, changedSubscribers.map((s) => s.id));
+    await recordContactEvents(tx, 'contact.updated', changedSubscribers.map((s) => toRecord(s, tags.get(s.id) ?? [])));
+  }
   await upsertHistory(tx, [...history.values()], now);
   return planned.map((p) => (p ? { emailId: p.email.id, changed: p.changed, fresh: fresh(p) } : undefined));
 }

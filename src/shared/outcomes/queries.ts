@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { sqlOf, withConnection } from '../db/sql.js';
+import type { SubscriberRow } from '../subscribers/rows.js';
 
 /**
  * The data access of outcomes: every statement of the tracking recorder (recorder.ts), the
@@ -183,20 +184,21 @@ export async function insertSuppressions(
 /**
  * The organizations' subscribers with these addresses become BOUNCED or COMPLAINED (one row
  * per organization and address). A complaint overrides a bounce; BANNED (an operator's
- * decision) stays.
+ * decision) stays. Returns the rows whose status changed, as they now are.
  */
 export async function setSubscribersBounced(
   em: EntityManager,
   rows: readonly { organizationId: string; address: string; status: 'BOUNCED' | 'COMPLAINED' }[],
   at: Date,
-): Promise<void> {
-  if (rows.length === 0) return;
-  await query(
+): Promise<SubscriberRow[]> {
+  if (rows.length === 0) return [];
+  return query<SubscriberRow>(
     em,
     `update subscribers s set status = f.status, updated_at = ?::timestamptz
      from jsonb_to_recordset(?::jsonb) as f(organization_id text, address text, status text)
      where s.organization_id = f.organization_id and s.email = f.address
-       and s.status not in ('COMPLAINED', 'BANNED') and (f.status = 'COMPLAINED' or s.status <> 'BOUNCED')`,
+       and s.status not in ('COMPLAINED', 'BANNED') and (f.status = 'COMPLAINED' or s.status <> 'BOUNCED')
+     returning s.*`,
     [at, JSON.stringify(rows.map((r) => ({ organization_id: r.organizationId, address: r.address, status: r.status })))],
     'mailroom_feedback_subscribers',
   );

@@ -374,14 +374,32 @@ export async function recordSentEmails(db: OutboxDb, emailIds: readonly string[]
   await run(db, INSERT_SENT, [JSON.stringify(emailIds)], 'mailroom_outbox_sent');
 }
 
-/** `contact.created` / `contact.updated` / `contact.unsubscribed`: `data` is the create/patch shape. */
-export async function recordContactEvent(
-  db: OutboxDb,
-  type: 'contact.created' | 'contact.updated' | 'contact.unsubscribed',
-  subscriber: SubscriberRecord,
-): Promise<void> {
+type ContactEventType = 'contact.created' | 'contact.updated' | 'contact.unsubscribed';
+
+/** `data` of a contact event: the subscriber's create/patch shape. */
+function contactData(subscriber: SubscriberRecord): Record<string, unknown> {
   const { id, email, name, phone, status, tags, fields } = subscriber;
-  await recordEvent(db, { organizationId: subscriber.organizationId, type, data: { id, email, name, phone, status, tags, fields } });
+  return { id, email, name, phone, status, tags, fields };
+}
+
+/** `contact.created` / `contact.updated` / `contact.unsubscribed` of one subscriber write. */
+export async function recordContactEvent(db: OutboxDb, type: ContactEventType, subscriber: SubscriberRecord): Promise<void> {
+  await recordEvent(db, { organizationId: subscriber.organizationId, type, data: contactData(subscriber) });
+}
+
+// Bound: the type (three times) and the organizations with their `data`, as jsonb.
+const INSERT_CONTACTS = `
+  insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
+  select webhook_message_id(), w.id, w.organization_id, ?::text,
+    jsonb_build_object('type', ?::text, 'created_at', ${NOW_ISO}, 'data', v.data), now()
+  from jsonb_to_recordset(?::jsonb) as v(organization_id text, data jsonb)
+  join webhook_endpoints w on w.organization_id = v.organization_id and ${SUBSCRIBED('?::text')}`;
+
+/** One contact event for each of many subscribers (the delivery-feedback recorder's batches): one statement. */
+export async function recordContactEvents(db: OutboxDb, type: ContactEventType, subscribers: readonly SubscriberRecord[]): Promise<void> {
+  if (subscribers.length === 0) return;
+  const rows = subscribers.map((s) => ({ organization_id: s.organizationId, data: contactData(s) }));
+  await run(db, INSERT_CONTACTS, [type, type, JSON.stringify(rows), type], 'mailroom_outbox_contacts');
 }
 
 /**
