@@ -122,12 +122,15 @@ describe('delivery over SMTP', () => {
     expect(email.text).toBe('Your order shipped.');
   });
 
-  it('fails on a 5xx answer with the reason stored', async () => {
+  it('fails on a 5xx answer with the reason and the rendered message stored', async () => {
     sink.answer = (rcpt) => (rcpt === 'gone@example.com' ? { code: 550, message: 'No such user here' } : undefined);
-    const id = (await send({ from: 'a@acme.test', to: 'gone@example.com', subject: 'x', html: '<p>x</p>' })).json().id;
+    const id = (await send({ from: 'a@acme.test', to: 'gone@example.com', subject: 'x', markdown: '**Hello** there' })).json().id;
     const email = await until(() => getEmail(id), (e) => e.last_event !== 'queued');
     expect(email.last_event).toBe('failed');
     expect(email.message_id).toBeNull();
+    // What was handed over (the spec's "stored rendered HTML body"), as for a sent email.
+    expect(email.html).toMatch(/<strong>Hello<\/strong> there/);
+    expect(email.text).toMatch(/HELLO there|Hello there/);
     const [row] = await ctx.services.orm.em.fork().execute<{ failure_reason: string; attempts: number }[]>('select failure_reason, attempts from emails where id = ?', [id]);
     expect(row!.failure_reason).toMatch(/550 No such user here/);
     expect(row!.attempts).toBe(1);

@@ -150,9 +150,12 @@ export class DeliveryStore {
     return this.sent.submit(record);
   }
 
-  /** A claimed email failed (a rare write: on its own), with its `email.failed` webhook. */
-  async fail(id: string, reason: string): Promise<void> {
-    await failClaimedEmails(this.orm.em, [id], reason);
+  /**
+   * A claimed email failed (a rare write: on its own), with its `email.failed` webhook;
+   * `message` when it was rendered for the provider (stored as a sent email's is).
+   */
+  async fail(id: string, reason: string, message?: StoredMessage): Promise<void> {
+    await failClaimedEmails(this.orm.em, [id], reason, 0, message);
   }
 
   /** A claimed email given back to the queue, with the reason of the failed attempt when there is one. */
@@ -331,11 +334,11 @@ export async function deliverEmail(
       // The final `.` went out but no answer came back (connection lost, timeout): the
       // provider may have the message. Failed as uncertain rather than risk sending it twice.
       const uncertain = `${UNCERTAIN_REASON} (${reason})`.slice(0, 1000);
-      await store.fail(emailId, uncertain);
+      await store.fail(emailId, uncertain, storedMessage(row, rendered));
       return { outcome: 'failed', reason: uncertain };
     }
     if (kind === 'permanent' || (kind === 'transient' && options.finalAttempt)) {
-      await store.fail(emailId, reason);
+      await store.fail(emailId, reason, storedMessage(row, rendered));
       return { outcome: 'failed', reason };
     }
     // Not handed over (or refused with an answer): release the claim so the retry can take
@@ -350,10 +353,15 @@ export async function deliverEmail(
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
 }
 
+/** What an email's row keeps of the message handed over: the rendered parts, and a campaign email's personalised subject. */
+type StoredMessage = Pick<SentRecord, 'html' | 'text' | 'subject'>;
+
+function storedMessage(row: ClaimedRow, message: Message): StoredMessage {
+  return { html: message.html, text: message.text, ...(row.content_kind === 'campaign' ? { subject: message.subject } : {}) };
+}
+
 function sentRecord(id: string, messageId: string, row: ClaimedRow, message: Message, delivered: boolean): SentRecord {
-  const record: SentRecord = { id, message_id: messageId, html: message.html, text: message.text, delivered };
-  if (row.content_kind === 'campaign') record.subject = message.subject;
-  return record;
+  return { id, message_id: messageId, ...storedMessage(row, message), delivered };
 }
 
 // After the provider accepted, the row must say so, or a later run would count it as an

@@ -367,19 +367,27 @@ export async function reclaimEmail(em: EntityManager, id: string): Promise<Claim
 /**
  * Claimed (`sending`) emails failed with `reason`, with their `email.failed` outbox rows, in
  * one statement; with `claimedMsAgo`, only those claimed at least that long ago (the
- * reconciler's lease). Returns how many changed.
+ * reconciler's lease). `message`: what was rendered for the provider (the one email of a
+ * worker's failed hand-over), stored as a sent email's is. Returns how many changed.
  */
-export async function failClaimedEmails(em: EntityManager, ids: readonly string[], reason: string, claimedMsAgo = 0): Promise<number> {
+export async function failClaimedEmails(
+  em: EntityManager,
+  ids: readonly string[],
+  reason: string,
+  claimedMsAgo = 0,
+  message?: Pick<SentRecord, 'html' | 'text' | 'subject'>,
+): Promise<number> {
   if (ids.length === 0) return 0;
   const changed = await withConnection(em, (sql) =>
     sql.query<{ id: string }>(
       `with changed as (
-         update emails e set status = 'failed', failure_reason = ?, updated_at = now()
+         update emails e set status = 'failed', failure_reason = ?, updated_at = now(),
+           html = coalesce(?::text, e.html), text = coalesce(?::text, e.text), subject = coalesce(?::text, e.subject)
          where e.id = any(?::text[]) and e.status = 'sending' and e.claimed_at <= now() - (? * interval '1 millisecond')
          returning ${emailEventColumns('e')}),
        events as (${emailEventsFrom('changed', 'email.failed')})
        select id from changed`,
-      [reason, ids, claimedMsAgo],
+      [reason, message?.html ?? null, message?.text ?? null, message?.subject ?? null, ids, claimedMsAgo],
       'mailroom_emails_fail',
     ),
   );
