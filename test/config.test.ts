@@ -255,6 +255,8 @@ describe('an invalid variable is named', () => {
     ['REDIS_URL', 'redis://:hunter2@127.0.0.1:notaport'],
     ['SENDGRID_WEBHOOK_PUBLIC_KEY', 'not-base64!!'],
     ['WORKER_QUEUES', 'emails,bogus'],
+    ['VERIFY_BLOCKED_DOMAINS', 'spam.example,not a domain,,'],
+    ['VERIFY_BLOCKED_DOMAINS', 'user@spam.example'],
   ])('%s=%s', (variable, value) => {
     const found = problems({ [variable]: value });
     expect(found).toHaveLength(1);

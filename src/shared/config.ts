@@ -87,7 +87,15 @@ const envSchema = z
     VERIFY_BLOCKED_DOMAINS: z
       .string()
       .optional()
-      .transform((v) => (v ?? '').split(',').map((s) => s.trim().toLowerCase().replace(/\.$/, '')).filter(Boolean)),
+      .transform((v, ctx) => {
+        const domains: string[] = [];
+        for (const entry of (v ?? '').split(',').map((s) => s.trim()).filter(Boolean)) {
+          const domain = normalizeHostname(entry);
+          if (domain) domains.push(domain);
+          else ctx.addIssue({ code: 'custom', message: `"${entry.slice(0, 100)}" is not a domain name (expected a comma-separated list such as mailinator.com,example.org)` });
+        }
+        return domains;
+      }),
     RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
     SMTP_MAX_CONNECTIONS: z.coerce.number().int().min(1).max(1000).default(16),
