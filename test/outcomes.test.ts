@@ -95,7 +95,8 @@ async function eventCount(emailId: string, type?: string) {
 const LINKS_HTML = `<html><body>
 <p><a href="https://shop.acme.test/offer?a=1&amp;b=2">Offer</a></p>
 <p><a href="http://acme.test/plain">Plain</a> <a href="mailto:help@acme.test">Mail</a> <a href="tel:+123">Call</a>
-<a href="#top">Top</a> <a href="${PUBLIC_URL}/u/abc.def">Unsubscribe</a> <a href="{{unsubscribe_url}}">Unsub</a></p>
+<a href="#top">Top</a> <a href="${PUBLIC_URL}/u/abc.def">Unsubscribe</a> <a href="{{unsubscribe_url}}">Unsub</a>
+<a href="${PUBLIC_URL}/confirm/abc.def">Confirm</a></p>
 </body></html>`;
 
 describe('lifecycle over SMTP', () => {
@@ -121,7 +122,8 @@ describe('lifecycle over SMTP', () => {
     const links = hrefs(html);
     const tracked = links.filter((l) => l.startsWith(`${PUBLIC_URL}/t/c/`));
     expect(tracked).toHaveLength(2);
-    expect(links).toEqual(expect.arrayContaining(['mailto:help@acme.test', 'tel:+123', '#top', `${PUBLIC_URL}/u/abc.def`, '{{unsubscribe_url}}']));
+    // The service's own links are left as they are.
+    expect(links).toEqual(expect.arrayContaining(['mailto:help@acme.test', 'tel:+123', '#top', `${PUBLIC_URL}/u/abc.def`, '{{unsubscribe_url}}', `${PUBLIC_URL}/confirm/abc.def`]));
     const pixel = /<img src="([^"]+)"/.exec(html)?.[1];
     expect(pixel).toMatch(new RegExp(`^${PUBLIC_URL}/t/o/.+\\.gif$`));
 
