@@ -535,6 +535,16 @@ describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (do
     expect(res.statusCode, res.body).toBe(200);
     const mail = await waitFor(async () => sink.messages.find((m) => JSON.stringify(m.to).includes('tester@qa.test')));
     expect(String(mail.html)).toContain('tester@qa.test');
+    // The unsubscribe headers of a campaign email, pointing at the test-send page (nothing to unsubscribe).
+    const unsubscribe = `${ctx.env.config.publicUrl}/u/test`;
+    expect(mail.headerLines.find((h) => h.key === 'list-unsubscribe')?.line).toBe(`List-Unsubscribe: <${unsubscribe}>`);
+    expect(mail.headerLines.find((h) => h.key === 'list-unsubscribe-post')?.line).toBe('List-Unsubscribe-Post: List-Unsubscribe=One-Click');
+    expect(String(mail.html)).toContain(`href="${unsubscribe}"`);
+    for (const method of ['GET', 'POST'] as const) {
+      const page = await ctx.app.inject({ method, url: '/u/test', ...(method === 'POST' ? { payload: 'List-Unsubscribe=One-Click', headers: { 'content-type': 'application/x-www-form-urlencoded' } } : {}) });
+      expect(page.statusCode, method).toBe(200);
+      expect(page.body).toContain('This was a test send');
+    }
     const [row] = await sql<{ source: string }>('select source from emails where id = ?', [res.json().id]);
     expect(row!.source).toBe('test');
     expect((await api('GET', '/emails?limit=100')).json().data.map((e: { id: string }) => e.id)).not.toContain(res.json().id);

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { TEST_UNSUBSCRIBE_TOKEN } from '../../shared/campaigns/personalize.js';
 import { resolveUnsubscribeToken, unsubscribeByToken } from '../../shared/campaigns/unsubscribe.js';
 import { escapeHtml } from '../../shared/html.js';
 import type { App } from '../types.js';
@@ -12,6 +13,9 @@ function page(title: string, body: string): string {
 }
 
 const NOT_VALID = page('Link not valid', '<p>This unsubscribe link is not valid.</p>');
+// A campaign's test send links here: a tester who follows it (or whose mail client posts the
+// one-click request) learns what it is, and nothing changes.
+const TEST_SEND = page('This was a test send', '<p>This link unsubscribes the recipient in the real campaign. A test send has no subscriber: nothing was changed.</p>');
 const Params = z.object({ token: z.string().max(2000) });
 
 /**
@@ -28,6 +32,7 @@ export async function unsubscribeRoutes(app: App): Promise<void> {
 
   app.get('/u/:token', { exposeHeadRoute: false, schema: { hide: true, params: Params } }, async (request, reply) => {
     void reply.type('text/html; charset=utf-8').header('cache-control', 'no-store');
+    if (request.params.token === TEST_UNSUBSCRIBE_TOKEN) return reply.send(TEST_SEND);
     const target = await resolveUnsubscribeToken(request.em, app.services.signer, request.params.token);
     if (!target) return reply.code(404).send(NOT_VALID);
     if (target === 'gone' || target.status !== 'SUBSCRIBED') {
@@ -45,6 +50,7 @@ export async function unsubscribeRoutes(app: App): Promise<void> {
 
   app.post('/u/:token', { schema: { hide: true, params: Params } }, async (request, reply) => {
     void reply.type('text/html; charset=utf-8').header('cache-control', 'no-store');
+    if (request.params.token === TEST_UNSUBSCRIBE_TOKEN) return reply.send(TEST_SEND);
     const target = await unsubscribeByToken({ em: request.em, producer: app.services.producer, clock: app.services.clock }, app.services.signer, request.params.token);
     if (!target) return reply.code(404).send(NOT_VALID);
     const org = target === 'gone' ? '' : ` from ${escapeHtml(target.organizationName)}`;

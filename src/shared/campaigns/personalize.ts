@@ -31,6 +31,9 @@ export function unsubscribeToken(signer: LinkSigner, subscriberId: string): stri
   return signer.sign(UNSUBSCRIBE_PURPOSE, subscriberId);
 }
 
+/** The unsubscribe token of a test send (`/u/test`): no subscriber, a page that says so. */
+export const TEST_UNSUBSCRIBE_TOKEN = 'test';
+
 export function unsubscribeUrl(publicUrl: string, token: string): string {
   return `${publicUrl.replace(/\/+$/, '')}/u/${token}`;
 }
@@ -105,7 +108,11 @@ export function personalizeCampaignEmail(parts: CampaignEmailParts, deps: { sign
     subject: fillSubject(parts.template_subject, lookup),
     html: fillHtml(parts.template_html, lookup),
     text: fillText(parts.template_text ?? '', lookup),
-    // RFC 8058 one-click: a POST to this URL with List-Unsubscribe=One-Click unsubscribes.
-    headers: { 'List-Unsubscribe': `<${url}>`, 'List-Unsubscribe-Post': 'List-Unsubscribe=One-Click' },
+    headers: unsubscribeHeaders(url),
   };
+}
+
+/** RFC 8058 one-click: a POST to this URL with List-Unsubscribe=One-Click unsubscribes. */
+export function unsubscribeHeaders(url: string): Record<string, string> {
+  return { 'List-Unsubscribe': `<${url}>`, 'List-Unsubscribe-Post': 'List-Unsubscribe=One-Click' };
 }

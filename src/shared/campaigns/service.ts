@@ -16,7 +16,7 @@ import type { RenderPool } from '../emails/render-pool.js';
 import { hasUnsubscribeLink, normalizeContent } from './content.js';
 import { ContentTooDeepError } from '../emails/render.js';
 import { countRecipients, deleteCampaignRows, scheduleDraft } from './queries.js';
-import { fillHtml, fillSubject, fillText, variablesOf } from './personalize.js';
+import { fillHtml, fillSubject, fillText, TEST_UNSUBSCRIBE_TOKEN, unsubscribeHeaders, unsubscribeUrl, variablesOf } from './personalize.js';
 import { assertTransition } from './state.js';
 
 export const DEFAULT_TIMEZONE = 'Europe/Paris';
@@ -326,9 +326,10 @@ export async function sendTestEmail(
   await assertSendingAllowed(em, deps.config, organizationId, sender.email, 'senderId');
   // Counted once the request is valid, before anything is rendered or written.
   await takeTestSend(deps.redis, deps.config, organizationId, now);
-  // A test goes to an address that is not a subscriber: its unsubscribe link leads to a
-  // page that says the link is not valid, which is what a tester should see.
-  const lookup = variablesOf({ id: '', email: to, name: null, fields: {} }, `${deps.publicUrl}/u/test`);
+  // A test goes to an address that is not a subscriber: its unsubscribe link and headers (as
+  // every campaign email has them, contract 8) lead to a page saying that it was a test send.
+  const testUnsubscribe = unsubscribeUrl(deps.publicUrl, TEST_UNSUBSCRIBE_TOKEN);
+  const lookup = variablesOf({ id: '', email: to, name: null, fields: {} }, testUnsubscribe);
   // Test sends are rare and interactive: rendered now (in a render thread, never on the
   // API's event loop), the emails pipeline sends the HTML.
   const template = await deps.render.campaign(campaign);
@@ -344,6 +345,7 @@ export async function sendTestEmail(
       content: fillHtml(template.html, lookup),
       text: fillText(template.text, lookup),
       replyTo: campaign.replyTo ? [campaign.replyTo] : null,
+      headers: unsubscribeHeaders(testUnsubscribe),
     },
   ]);
   deps.metrics?.emailsAccepted.inc({ source: 'test' });
