@@ -47,6 +47,10 @@ export interface CreateDomainInput {
   region?: string;
 }
 
+// The longest record name a domain publishes is its DKIM key's, `{selector}._domainkey.{domain}`:
+// a DNS name has at most 253 characters, so a sending domain has 22 fewer.
+const MAX_SENDING_DOMAIN_CHARS = 253 - `${selectorFor('_'.repeat(26))}._domainkey.`.length;
+
 export function parseHostnameOrThrow(input: string, path = 'domain'): string {
   const hostname = normalizeHostname(input);
   if (!hostname) throw new ValidationError(`${path}: "${input}" is not a valid hostname`, [{ path, message: 'not a valid hostname' }]);
@@ -64,6 +68,10 @@ export async function createDomain(
   maxDomains = Number.POSITIVE_INFINITY,
 ): Promise<Domain> {
   const hostname = parseHostnameOrThrow(input.domain);
+  if (hostname.length > MAX_SENDING_DOMAIN_CHARS) {
+    const message = `must be at most ${MAX_SENDING_DOMAIN_CHARS} characters (as punycode): its DKIM record name, {selector}._domainkey.{domain}, must fit in a DNS name's 253`;
+    throw new ValidationError(`domain: ${message}`, [{ path: 'domain', message }]);
+  }
   const duplicate = () =>
     new ValidationError(`domain: ${hostname} already exists in this organization`, [{ path: 'domain', message: 'already exists' }]);
   if (await em.count(Domain, { organizationId, domain: hostname })) throw duplicate();
