@@ -173,6 +173,14 @@ describe('dependencies down (docs/operations.md "When PostgreSQL or Redis goes a
     expect(res.headers['retry-after']).toBe('5');
   }
 
+  /** The dashboard's sign-in, which reads both: its page says so, with the same status and Retry-After. */
+  async function expectDashboardUnavailable(app: App) {
+    const res = await app.inject({ method: 'POST', url: '/app/login', headers: { 'content-type': 'application/x-www-form-urlencoded' }, payload: 'email=ops%40acme.test&password=secret-password' });
+    expect(res.statusCode).toBe(503);
+    expect(res.headers['retry-after']).toBe('5');
+    expect(res.body).toContain('cannot reach its database or queue');
+  }
+
   it('answers 503 at once when Redis is unreachable, and /readyz names redis', async () => {
     const down = await servicesWith({ REDIS_URL: `redis://127.0.0.1:${await closedPort()}` });
     try {
@@ -183,6 +191,7 @@ describe('dependencies down (docs/operations.md "When PostgreSQL or Redis goes a
       expect(ready.statusCode).toBe(503);
       expect(ready.json()).toMatchObject({ name: 'service_unavailable', message: expect.stringContaining('redis'), checks: { postgres: 'up', redis: 'down' } });
       expect((await down.app.inject({ url: '/healthz' })).statusCode).toBe(200);
+      await expectDashboardUnavailable(down.app);
     } finally {
       await down.close();
     }
@@ -199,6 +208,7 @@ describe('dependencies down (docs/operations.md "When PostgreSQL or Redis goes a
       const ready = await down.app.inject({ url: '/readyz' });
       expect(ready.statusCode).toBe(503);
       expect(ready.json()).toMatchObject({ message: expect.stringContaining('postgres'), checks: { postgres: 'down', redis: 'up' } });
+      await expectDashboardUnavailable(down.app);
     } finally {
       await down.close();
     }

@@ -5,6 +5,7 @@ import multipart from '@fastify/multipart';
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
+import { isDependencyDown } from '../../shared/dependency-errors.js';
 import { AppError, NotFoundError } from '../../shared/errors.js';
 import { unstorableError, unstorablePath } from '../../shared/storable.js';
 import { checkPassword, PASSWORD_MAX } from '../../shared/users/service.js';
@@ -158,10 +159,16 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
   });
 
   app.setErrorHandler((error: Error & { statusCode?: number }, request, reply) => {
-    const status = error instanceof AppError ? error.statusCode : error.statusCode && error.statusCode < 500 ? error.statusCode : 500;
-    if (status >= 500) request.log.error({ err: error }, 'dashboard request failed');
-    const message =
-      status >= 500
+    // PostgreSQL or Redis unreachable: 503 with Retry-After, as the API answers (docs/operations.md).
+    const down = !(error instanceof AppError) && isDependencyDown(error);
+    const status = error instanceof AppError ? error.statusCode : down ? 503 : error.statusCode && error.statusCode < 500 ? error.statusCode : 500;
+    if (down) {
+      request.log.warn({ err: error }, 'dashboard request failed: a dependency is unavailable');
+      void reply.header('retry-after', '5');
+    } else if (status >= 500) request.log.error({ err: error }, 'dashboard request failed');
+    const message = down
+      ? 'mailroom cannot reach its database or queue right now; nothing was changed. Try again in a moment.'
+      : status >= 500
         ? 'Something went wrong on our side; nothing was changed. Try again in a moment.'
         : error.message;
     if (request.headers['hx-request']) return sendPage(reply, html`<p class="error" role="alert">${message}</p>`, 200);
