@@ -1,5 +1,8 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { access, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Organization } from '../src/shared/db/entities/index.js';
 import { bearer, createTestContext, type TestContext } from './helpers/context.js';
@@ -112,6 +115,31 @@ describe('bad usage exits non-zero with a message', () => {
     const { code, stdout } = await cli();
     expect(code).toBe(0);
     expect(stdout).toContain('org create --name NAME');
+  });
+});
+
+describe('the secret key (README.md "The first token and the first email")', () => {
+  it('makes no key file for help or an unknown command, and says so on stderr when a command generates one', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'mailroom-cli-key-'));
+    const file = join(dir, 'data', 'secret-key');
+    // No SECRET_KEY, outside production: the key is the file's, generated on first use.
+    const env = { ...ctx.env.env, NODE_ENV: 'development', SECRET_KEY: '', SECRET_KEY_FILE: file };
+    try {
+      for (const args of [['--help'], ['help'], ['org', 'delete', 'org_x']]) {
+        await runCli(args, env);
+        await expect(access(file), args.join(' ')).rejects.toThrow();
+      }
+      const first = await runCli(['org', 'list', '--json'], env);
+      expect(first.code).toBe(0);
+      expect(first.stderr).toContain(`${file} did not exist: a new key was generated there`);
+      expect(first.stderr).toContain('same SECRET_KEY');
+      await access(file);
+      const again = await runCli(['org', 'list', '--json'], env);
+      expect(again.code).toBe(0);
+      expect(again.stderr).not.toContain('generated');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -228,10 +228,32 @@ const COMMANDS: Record<string, Command> = {
 
 export async function main(argv: string[]): Promise<number> {
   const [command, sub, ...rest] = argv;
+  // Help and an unknown command read no configuration and write nothing (no key file made for them).
+  if (!command || command === 'help' || command === '--help') {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  const twoWords = COMMANDS[`${command} ${sub}`];
+  const oneWord = COMMANDS[command];
+  const run = twoWords ? (config: Config) => twoWords(config, rest) : oneWord ? (config: Config) => oneWord(config, argv.slice(1)) : undefined;
+  if (!run) {
+    process.stderr.write(`mailroom: unknown command: ${argv.join(' ')}\n\n${USAGE}`);
+    return 2;
+  }
   let config: Config;
   try {
     // The same key as the service's processes (SECRET_KEY, or the generated SECRET_KEY_FILE).
-    config = resolveSecretKey(loadConfig()).config;
+    const resolved = resolveSecretKey(loadConfig());
+    config = resolved.config;
+    // A key made now is not the server's if the server runs elsewhere, or in another directory:
+    // secrets this command seals (a token's) would not open there.
+    if (resolved.created) {
+      process.stderr.write(
+        `mailroom: SECRET_KEY is not set, and ${config.secretKeyFile} did not exist: a new key was generated there. ` +
+          'Give this command the same SECRET_KEY (or SECRET_KEY_FILE) as the server, or run it in the server\'s directory, ' +
+          'or the secrets it writes will not open on the server.\n',
+      );
+    }
   } catch (error) {
     if (error instanceof ConfigError) {
       process.stderr.write(`mailroom: ${error.message}\n`);
@@ -240,13 +262,7 @@ export async function main(argv: string[]): Promise<number> {
     throw error;
   }
   try {
-    const twoWords = COMMANDS[`${command} ${sub}`];
-    if (twoWords) return (await twoWords(config, rest)) ?? 0;
-    const oneWord = command ? COMMANDS[command] : undefined;
-    if (oneWord) return (await oneWord(config, argv.slice(1))) ?? 0;
-    if (!command || command === 'help' || command === '--help') process.stdout.write(USAGE);
-    else throw new UsageError(`unknown command: ${argv.join(' ')}`);
-    return 0;
+    return (await run(config)) ?? 0;
   } catch (error) {
     if (error instanceof UsageError || (error instanceof TypeError && (error as { code?: string }).code?.startsWith('ERR_PARSE_ARGS'))) {
       process.stderr.write(`mailroom: ${error.message}\n\n${USAGE}`);

@@ -13,7 +13,7 @@ const MIN_LENGTH = 32;
  * key) made an exposed development instance forgeable. Returns the config to run with and
  * the warning to log.
  */
-export function resolveSecretKey(config: Config): { config: Config; warning?: string } {
+export function resolveSecretKey(config: Config): { config: Config; warning?: string; created?: boolean } {
   if (!config.usingDevelopmentSecret || config.nodeEnv === 'production') return { config };
   const file = config.secretKeyFile;
   let key = read(file);
@@ -43,6 +43,7 @@ export function resolveSecretKey(config: Config): { config: Config; warning?: st
   }
   return {
     config: { ...config, secretKey: key, usingDevelopmentSecret: false },
+    created,
     warning: `SECRET_KEY is not set: using the key ${created ? 'generated in' : 'kept in'} ${file}. Keep that file (it signs links and encrypts secrets); set SECRET_KEY in production.`,
   };
 }
