@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEVELOPMENT_SECRET_KEY, loadConfig } from '../src/shared/config.js';
+import { SecretBox } from '../src/shared/crypto.js';
 import { resolveSecretKey } from '../src/shared/secret-key.js';
 import { createTestEnv, type TestEnv } from './helpers/context.js';
 import { bootConfig } from '../src/shared/boot.js';
@@ -57,6 +58,14 @@ describe('SECRET_KEY outside production', () => {
       for (const name of Object.keys(process.env)) if (!(name in saved)) delete process.env[name];
       Object.assign(process.env, saved);
     }
+  });
+});
+
+describe('secrets sealed with SECRET_KEY', () => {
+  it('open with the same key, and name the cause with another', () => {
+    const sealed = new SecretBox('k'.repeat(40)).seal('svc_secret');
+    expect(new SecretBox('k'.repeat(40)).open(sealed)).toBe('svc_secret');
+    expect(() => new SecretBox('x'.repeat(40)).open(sealed)).toThrow(/sealed with another SECRET_KEY/);
   });
 });
 

@@ -34,7 +34,13 @@ export class SecretBox {
     if (version !== 'v1' || !iv || !tag || ciphertext === undefined) throw new Error('unknown sealed value format');
     const decipher = createDecipheriv('aes-256-gcm', this.key, Buffer.from(iv, 'base64url'));
     decipher.setAuthTag(Buffer.from(tag, 'base64url'));
-    return Buffer.concat([decipher.update(Buffer.from(ciphertext, 'base64url')), decipher.final()]).toString('utf8');
+    try {
+      return Buffer.concat([decipher.update(Buffer.from(ciphertext, 'base64url')), decipher.final()]).toString('utf8');
+    } catch (error) {
+      // What an operator needs to read in the log: most often a process (a CLI run elsewhere)
+      // that sealed it with a SECRET_KEY of its own.
+      throw new Error('cannot open a sealed secret: it was sealed with another SECRET_KEY than this process has (or was altered)', { cause: error });
+    }
   }
 }
 
