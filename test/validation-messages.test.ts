@@ -91,6 +91,16 @@ describe('unknown body fields: refused on every route, the same way', () => {
     expect(await Promise.all(['emails', 'api_tokens', 'tags', 'subscribers', 'domains', 'campaigns'].map(count))).toEqual(before);
   });
 
+  it('names an unknown field of a batch by its own path, one detail per field', async () => {
+    const email = { from: 'a@acme.test', to: 'b@example.com', subject: 'Hi', html: '<p>x</p>' };
+    const res = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails/batch', headers: bearer(token), payload: [email, { ...email, colour: 'red', size: 2 }] });
+    expect(res.statusCode).toBe(422);
+    expect(res.json().details).toEqual([
+      { path: '1.colour', message: '"colour" is not a field of this request (check its spelling)' },
+      { path: '1.size', message: '"size" is not a field of this request (check its spelling)' },
+    ]);
+  });
+
   it('PATCH routes refuse them too (docs/foundation.md: every route but PATCH /campaigns), changing nothing', async () => {
     const tag = (await post('/tags', { name: 'patch-me' })).json();
     const renamed = await ctx.app.inject({ method: 'PATCH', url: `/api/v2/tags/${tag.id}`, headers: bearer(token), payload: { name: 'renamed', colour: 'red' } });
