@@ -68,6 +68,30 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
     expect(old.tags.map((t: { name: string }) => t.name)).toEqual(['kept', 'new']);
   });
 
+  it('skips a row with more than 100 tags or 100 fields, as POST /subscribers refuses it', async () => {
+    const columns = Array.from({ length: 101 }, (_, i) => `c${i}`);
+    const file = join(dir, 'wide.csv');
+    await writeFile(
+      file,
+      [
+        ['email', 'tags', ...columns].join(','),
+        ['many-tags@example.com', Array.from({ length: 101 }, (_, i) => `t${i}`).join(';'), ...columns.map(() => '')].join(','),
+        ['many-fields@example.com', '', ...columns.map((c) => `v-${c}`)].join(','),
+        ['hundred@example.com', Array.from({ length: 100 }, (_, i) => `t${i}`).join(';'), ...columns.slice(0, 100).map((c) => `v-${c}`), ''].join(','),
+      ].join('\n'),
+    );
+    const result = await cli(['subscribers', 'import', file, '--org', org.organizationId, '--json']);
+    expect(result.code, result.stderr).toBe(0);
+    expect(JSON.parse(result.stdout)).toMatchObject({ rows: 3, created: 1, skipped: 2 });
+    expect(result.stderr).toContain('more than 100 tags (101)');
+    expect(result.stderr).toContain('more than 100 fields (101)');
+    expect((await get('many-tags@example.com')).statusCode).toBe(404);
+    expect((await get('many-fields@example.com')).statusCode).toBe(404);
+    const hundred = (await get('hundred@example.com')).json();
+    expect(hundred.tags).toHaveLength(100);
+    expect(hundred.fields).toHaveLength(100);
+  });
+
   it('keeps unsubscribed contacts with --no-resubscribe and is idempotent', async () => {
     await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/old@example.com/unsubscribe', headers: bearer(org.token) });
     const file = join(dir, 'again.csv');

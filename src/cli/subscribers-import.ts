@@ -186,6 +186,10 @@ function utf8Check(file: string) {
         // whose FE FF is no UTF-8 and is refused as such below).
         utf16 = chunk.length >= 2 && chunk[0] === 0xff && chunk[1] === 0xfe;
         if (utf16) return;
+        if (chunk.length >= 2 && chunk[0] === 0xfe && chunk[1] === 0xff) {
+          found = new AppError(422, 'invalid_csv', `${file} is UTF-16 big-endian: save it as UTF-8 (or UTF-16 little-endian) and import it again; nothing was imported`);
+          return;
+        }
       }
       try {
         decoder.decode(chunk, { stream: true });

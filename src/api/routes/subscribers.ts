@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { SUBSCRIBER_STATUSES } from '../../shared/db/entities/index.js';
 import { AppError } from '../../shared/errors.js';
 import { listSubscriberEvents } from '../../shared/subscribers/events.js';
-import { CountryCode, EmailAddress, IpAddress } from '../../shared/subscribers/input.js';
+import { CountryCode, EmailAddress, FIELDS_MAX, IpAddress, TAGS_MAX } from '../../shared/subscribers/input.js';
 import type { SubscriberRecord } from '../../shared/subscribers/rows.js';
 import {
   addSubscriberTags,
@@ -21,8 +21,6 @@ import type { App } from '../types.js';
 const NAME_MAX = 255;
 const PHONE_MAX = 50;
 // A request names at most this many tags or fields; more is refused as a whole (422).
-const TAGS_MAX = 100;
-const FIELDS_MAX = 100;
 
 const TagRefSchema = z.object({ id: z.string(), name: z.string() });
 const Status = z.enum(SUBSCRIBER_STATUSES);

@@ -1,6 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { newId } from '../ids.js';
-import { cleanFields, cleanTagNames, EmailAddress } from './input.js';
+import { cleanFields, cleanTagNames, EmailAddress, FIELDS_MAX, TAGS_MAX } from './input.js';
 import { ensureTags } from './service.js';
 import { inTransaction } from '../db/sql.js';
 import { insertTagPairs, upsertImported } from './queries.js';
@@ -63,12 +63,16 @@ export function parseImportRecord(record: Record<string, string | undefined>): P
   const phone = record.phone?.trim() || null;
   if (name && name.length > NAME_MAX) return { error: `name longer than ${NAME_MAX} characters` };
   if (phone && phone.length > PHONE_MAX) return { error: `phone longer than ${PHONE_MAX} characters` };
-  const tags = cleanTagNames((record.tags ?? '').split(/[;|]/).filter((t) => t.trim() !== ''));
+  const given = (record.tags ?? '').split(/[;|]/).filter((t) => t.trim() !== '');
+  // As `POST /subscribers` refuses them (422), a row is skipped, not cut short.
+  if (given.length > TAGS_MAX) return { error: `more than ${TAGS_MAX} tags (${given.length})` };
+  const tags = cleanTagNames(given);
   const raw: Record<string, string> = {};
   for (const [column, value] of Object.entries(record)) {
     if ((RESERVED_COLUMNS as readonly string[]).includes(column) || value === undefined || value === '') continue;
     raw[column] = value;
   }
+  if (Object.keys(raw).length > FIELDS_MAX) return { error: `more than ${FIELDS_MAX} fields (${Object.keys(raw).length})` };
   const fields = cleanFields(raw);
   return { row: { email: email.data, name, phone, tags: tags.names, fields: fields.set }, warnings: [...tags.warnings, ...fields.warnings] };
 }

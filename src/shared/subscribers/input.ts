@@ -42,6 +42,9 @@ export const CountryCode = z
 export const IpAddress = z.union([z.ipv4(), z.ipv6()], { message: 'must be an IPv4 or IPv6 address' });
 
 export const TAG_NAME_MAX = 100;
+/** Tags and custom fields one write may give a subscriber (API, tools, import row). */
+export const TAGS_MAX = 100;
+export const FIELDS_MAX = 100;
 export const FIELD_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
 export const FIELD_VALUE_MAX = 10_000;
 
