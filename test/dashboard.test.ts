@@ -363,12 +363,13 @@ describe('dashboard in Chromium', () => {
     expect((await rows('select count(*)::int as n from subscribers where organization_id = ?', [orgA.organizationId]))[0]!.n).toBe(0);
 
     await page.goto(`${base}/app/audience/import`);
-    const csv = 'email,name,tags,plan\nada@example.com,Ada,vip;beta,pro\ngrace@example.com,Grace,beta,free\nnot-an-address,Nobody,,\n';
+    const csv = 'email,name,tags,plan\nada@example.com,Ada,vip;beta,pro\ngrace@example.com,Grace,beta,free\nnot-an-address,Nobody,,\nADA@example.com,,late,\n';
     await page.setInputFiles('#file', { name: 'people.csv', mimeType: 'text/csv', buffer: Buffer.from(csv) });
     await Promise.all([page.waitForURL(/\/app\/audience\/import\/imp_/), page.click('main button[type=submit]')]);
     await expect.poll(async () => page.locator('#import-progress label').textContent(), { timeout: 15_000 }).toBe('Import finished');
-    expect(await page.locator('#import-progress progress').getAttribute('value')).toBe('3');
-    expect(await page.locator('#import-progress').textContent()).toContain('2 created');
+    expect(await page.locator('#import-progress progress').getAttribute('value')).toBe('4');
+    // Every row counted once, the second Ada merged into the first (as the CLI counts it).
+    expect(await page.locator('#import-progress [role=status]').textContent()).toBe('4 of 4 rows: 2 created, 0 updated, 1 skipped, 1 merged into an earlier row of their address.');
     expect(await page.locator('#import-progress').textContent()).toContain('line 4: invalid email address');
     await check('import-progress');
     await page.goto(`${base}/app/audience?q=ada`);

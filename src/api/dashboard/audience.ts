@@ -25,7 +25,7 @@ function progressFragment(id: string, p: ImportProgress) {
   return html`<div id="import-progress"${running ? html` hx-get="/app/audience/import/${id}/progress" hx-trigger="every 500ms" hx-swap="outerHTML"` : ''}>
   <label for="import-bar">${running ? 'Importing…' : p.state === 'done' ? 'Import finished' : 'Import stopped'}</label>
   <progress id="import-bar" max="${Math.max(p.total, 1)}" value="${p.done}">${p.done} of ${p.total}</progress>
-  <p role="status">${p.done} of ${p.total} rows: ${p.created} created, ${p.updated} updated, ${p.skipped} skipped.</p>
+  <p role="status">${p.done} of ${p.total} rows: ${p.created} created, ${p.updated} updated, ${p.skipped} skipped, ${p.merged} merged into an earlier row of their address.</p>
   ${when(p.error, () => html`<p class="error" role="alert">${p.error}</p>`)}
   ${when(p.problems.length, () => html`<details><summary>Skipped rows and warnings</summary><ul>${p.problems.map((x) => html`<li>${x}</li>`)}</ul></details>`)}
   ${when(!running, () => html`<p><a href="/app/audience">See the audience</a></p>`)}

@@ -20,6 +20,8 @@ export interface ImportProgress {
   created: number;
   updated: number;
   skipped: number;
+  /** Rows folded into an earlier row of their address (as the CLI counts them). */
+  merged: number;
   problems: string[];
   error?: string;
 }
@@ -94,6 +96,7 @@ export class ImportTracker {
       created: 0,
       updated: 0,
       skipped: parsed.skipped,
+      merged: 0,
       problems: parsed.problems,
     };
     await this.save(id, progress);
@@ -109,6 +112,7 @@ export class ImportTracker {
         const result = await importBatch(this.services.orm.em.fork(), progress.organizationId, batch, { ...options, now: this.services.clock() });
         progress.created += result.created;
         progress.updated += result.updated;
+        progress.merged += result.merged;
         progress.done += batch.length;
         await this.save(id, progress);
       }
