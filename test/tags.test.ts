@@ -44,6 +44,16 @@ describe('tags (docs/audience.md)', () => {
     expect((await api('GET', '/tags/old%20name')).statusCode).toBe(404);
   });
 
+  it('accepts triggerWorkflows on a create and a rename (spec 6.3), and a wrong type is 422', async () => {
+    const created = await api('POST', '/tags', { name: 'flows', triggerWorkflows: true });
+    expect(created.statusCode, created.body).toBe(200);
+    const renamed = await api('PATCH', `/tags/${created.json().id}`, { name: 'flows2', triggerWorkflows: false });
+    expect(renamed.json()).toEqual({ id: created.json().id, name: 'flows2' });
+    const wrong = await api('POST', '/tags', { name: 'flows3', triggerWorkflows: 'yes' });
+    expect(wrong.statusCode).toBe(422);
+    expect(wrong.json().details[0].path).toBe('triggerWorkflows');
+  });
+
   it('refuses a rename to a name taken by another tag with 422', async () => {
     await api('POST', '/tags', { name: 'first' });
     const second = (await api('POST', '/tags', { name: 'second' })).json();
