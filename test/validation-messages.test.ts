@@ -80,6 +80,8 @@ describe('unknown body fields: refused on every route, the same way', () => {
     ['POST', '/domains', { domain: 'acme-unknown.test', colour: 'red' }],
     ['POST', '/verify', { email: 'x@example.com', colour: 'red' }],
     ['POST', '/campaigns', { name: 'Launch', colour: 'red' }],
+    // A body that may be absent (`.nullish()`): still strict when there is one.
+    ['POST', '/subscribers/bounds@example.com/unsubscribe', { colour: 'red' }],
   ];
   it.each(cases)('%s %s with an unknown field is 422 naming it, and creates nothing', async (method, url, payload) => {
     const before = await Promise.all(['emails', 'api_tokens', 'tags', 'subscribers', 'domains', 'campaigns'].map(count));

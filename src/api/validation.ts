@@ -12,8 +12,10 @@ import { z } from 'zod';
  */
 export function strictBody(schema: unknown): unknown {
   if (schema instanceof z.ZodObject && schema.def.catchall === undefined) return schema.strict();
-  if ((schema instanceof z.ZodOptional || schema instanceof z.ZodNullable) && schema.def.innerType instanceof z.ZodObject) {
-    const inner = strictBody(schema.def.innerType) as z.ZodObject;
+  // Through every wrapper: `.nullish()` is an optional of a nullable.
+  if (schema instanceof z.ZodOptional || schema instanceof z.ZodNullable) {
+    const inner = strictBody(schema.def.innerType) as z.ZodType;
+    if (inner === schema.def.innerType) return schema;
     return schema instanceof z.ZodOptional ? inner.optional() : inner.nullable();
   }
   return schema;
