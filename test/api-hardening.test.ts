@@ -1,4 +1,5 @@
 import { request as httpRequest } from 'node:http';
+import { connect } from 'node:net';
 import type { FastifyRequest } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { dispatch } from '../src/api/tools/dispatch.js';
@@ -151,6 +152,26 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
       expect({ method, pattern, status: res.statusCode }).toEqual({ method, pattern, status: 404 });
       expectErrorShape(res.json(), 404, 'not_found');
       expect(res.headers['x-request-id']).toBeTruthy();
+    }
+  });
+
+  it('answers a request the HTTP parser refuses (raw UTF-8 in the URL, a broken header) in the error shape', async () => {
+    const { port } = new URL(baseUrl);
+    const send = (head: Buffer) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = connect(Number(port), '127.0.0.1', () => socket.end(head));
+        let text = '';
+        socket.on('data', (chunk) => (text += chunk.toString('utf8')));
+        socket.on('close', () => resolve(text));
+        socket.on('error', reject);
+      });
+    for (const head of [
+      Buffer.concat([Buffer.from('GET /api/v2/subscribers?query=zo'), Buffer.from([0xc3, 0xab]), Buffer.from(' HTTP/1.1\r\nHost: x\r\n\r\n')]),
+      Buffer.from('GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n'),
+    ]) {
+      const answer = await send(head);
+      expect(answer.split('\r\n')[0]).toBe('HTTP/1.1 400 Bad Request');
+      expectErrorShape(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)), 400, 'bad_request');
     }
   });
 

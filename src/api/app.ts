@@ -11,7 +11,7 @@ import { finishOpenApi } from './openapi.js';
 import { installValidationMessages, singleValuedQuery, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook } from './plugins/auth.js';
-import { frameworkError, registerErrorHandling } from './plugins/errors.js';
+import { clientErrorHandler, frameworkError, registerErrorHandling } from './plugins/errors.js';
 import { countAnswer, registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
@@ -41,6 +41,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     },
     requestIdHeader: false,
     return503OnClosing: true,
+    clientErrorHandler,
     // A path parameter may be an email address (up to 254 characters, more once
     // percent-encoded) or a signed token (schemas allow 2,000): Fastify's default of 100
     // refused real addresses.

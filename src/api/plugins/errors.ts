@@ -1,3 +1,4 @@
+import type { Duplex } from 'node:stream';
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors, isResponseSerializationError } from 'fastify-type-provider-zod';
 import { isDependencyDown } from '../../shared/dependency-errors.js';
@@ -131,6 +132,27 @@ export function errorHandler(wrap: (body: ErrorBody) => unknown = (body) => body
     errorHeaders(error, body, reply);
     return reply.code(body.statusCode).send(wrap(body));
   };
+}
+
+/**
+ * A request Node's HTTP parser refuses before Fastify sees it (a raw non-ASCII byte in the
+ * request line, a malformed header, a header section over the limit, a request that never
+ * completes): answered in the spec's error body, as Fastify's default answers but in its own shape.
+ */
+export function clientErrorHandler(this: { log: { trace(obj: object, msg: string): void } }, error: NodeJS.ErrnoException, socket: Duplex): void {
+  if (error.code === 'ECONNRESET' || socket.destroyed) return;
+  const [status, text, body] =
+    error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? [408, 'Request Timeout', errorBody(408, 'request_timeout', 'The request was not received in time')]
+      : error.code === 'HPE_HEADER_OVERFLOW'
+        ? [431, 'Request Header Fields Too Large', errorBody(431, 'headers_too_large', 'The request headers are larger than this server accepts')]
+        : [400, 'Bad Request', errorBody(400, 'bad_request', 'The request is not valid HTTP: its URL must be percent-encoded (no raw character outside ASCII) and its headers well formed')];
+  this.log.trace({ err: error }, 'client error');
+  if (socket.writable) {
+    const json = JSON.stringify(body);
+    socket.write(`HTTP/1.1 ${status} ${text}\r\nContent-Length: ${Buffer.byteLength(json)}\r\nContent-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${json}`);
+  }
+  socket.destroy(error);
 }
 
 export function registerErrorHandling(app: App): void {
