@@ -139,6 +139,17 @@ describe('POST/GET /api/v2/campaigns (docs/campaigns.md)', () => {
     expect(page1.json().data.map((c: { id: string }) => c.id)).toEqual([ids[2], ids[1]]);
     const page2 = await api('GET', `/campaigns?limit=2&after=${ids[1]}`, undefined, other.token);
     expect(page2.json()).toMatchObject({ has_more: false, data: [{ id: ids[0] }] });
+    // `before` pages back towards the newest, still newest first (spec 9.2).
+    const back = await api('GET', `/campaigns?limit=1&before=${ids[0]}`, undefined, other.token);
+    expect(back.json()).toMatchObject({ has_more: true, data: [{ id: ids[1] }] });
+    const newest = await api('GET', `/campaigns?limit=5&before=${ids[0]}`, undefined, other.token);
+    expect(newest.json()).toMatchObject({ has_more: false });
+    expect(newest.json().data.map((c: { id: string }) => c.id)).toEqual([ids[2], ids[1]]);
+    // One cursor at a time, and each one a campaign of the organization.
+    for (const query of [`after=${ids[1]}&before=${ids[1]}`, 'before=cmp_nope', `before=${ids[0]}`]) {
+      const refused = await api('GET', `/campaigns?${query}`, undefined, query.includes('nope') || query.includes('&') ? other.token : undefined);
+      expect(refused.statusCode, query).toBe(422);
+    }
     expect((await api('GET', '/campaigns?status=SENT', undefined, other.token)).json().data).toEqual([]);
     expect((await api('GET', '/campaigns?limit=0', undefined, other.token)).statusCode).toBe(422);
     // Another organization's campaign is 404.

@@ -94,7 +94,12 @@ const Params = z.object({ campaignId: z.string().max(100) });
 
 /** docs/campaigns.md "API decisions"; also the `schedule_campaign` tool's arguments (src/api/tools/catalog.ts). */
 /** `GET /campaigns`' query (the `list_campaigns` tool takes the same filters). */
-export const ListCampaignsQuery = z.object({ limit: limitQuery.optional(), after: z.string().max(100).optional(), status: z.enum(CAMPAIGN_STATUSES).optional() });
+export const ListCampaignsQuery = z.object({
+  limit: limitQuery.optional(),
+  after: z.string().max(100).optional().describe('A campaign id: the campaigns older than it'),
+  before: z.string().max(100).optional().describe('A campaign id: the `limit` campaigns just newer than it, newest first'),
+  status: z.enum(CAMPAIGN_STATUSES).optional(),
+});
 
 export const SendBody = z.strictObject({
   scheduledAt: z.string().max(100).nullish().describe('ISO 8601; without an offset, a wall-clock time in timezone; absent or null: now'),

@@ -3,6 +3,7 @@ import { LockMode, type EntityManager } from '@mikro-orm/postgresql';
 import { IANAZone, DateTime } from 'luxon';
 import { Campaign, type CampaignContentType, type CampaignStatus, type RecipientFilter } from '../db/entities/campaign.js';
 import { Sender } from '../db/entities/sender.js';
+import { pageByIdCursor } from '../db/cursor.js';
 import { createEmails } from '../emails/service.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
@@ -116,19 +117,16 @@ export async function getCampaign(em: EntityManager, organizationId: string, id:
 export async function listCampaigns(
   em: EntityManager,
   organizationId: string,
-  query: { limit?: number; after?: string; status?: CampaignStatus },
+  query: { limit?: number; after?: string; before?: string; status?: CampaignStatus },
 ): Promise<{ items: CampaignView[]; hasMore: boolean }> {
-  const limit = query.limit ?? 20;
-  if (query.after !== undefined && (await em.count(Campaign, { id: query.after, organizationId })) === 0) {
-    throw new ValidationError(`after: no campaign ${query.after} in this organization`, [{ path: 'after', message: `no campaign ${query.after} in this organization` }]);
-  }
-  const rows = await em.find(
+  const page = await pageByIdCursor(
+    em,
     Campaign,
-    { organizationId, ...(query.status ? { status: query.status } : {}), ...(query.after ? { id: { $lt: query.after } } : {}) },
-    { orderBy: { id: 'desc' }, limit: limit + 1 },
+    { scope: { organizationId }, ...(query.status ? { filters: { status: query.status } } : {}) },
+    { ...query, limit: query.limit ?? 20 },
+    'campaign',
   );
-  const items = await Promise.all(rows.slice(0, limit).map((c) => viewOf(em, c)));
-  return { items, hasMore: rows.length > limit };
+  return { items: await Promise.all(page.items.map((c) => viewOf(em, c))), hasMore: page.hasMore };
 }
 
 /** docs/campaigns.md "API decisions": `mailFormat` is a string; campaigns render to HTML (with a text part). */

@@ -5,7 +5,8 @@ import type { JobsOptions } from 'bullmq';
 import { createHash } from 'node:crypto';
 import stableStringify from 'safe-stable-stringify';
 import { Email, type EmailSource } from '../db/entities/email.js';
-import { NotFoundError, ValidationError } from '../errors.js';
+import { pageByIdCursor } from '../db/cursor.js';
+import { NotFoundError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { QueueProducer } from '../queues/producer.js';
 import type { NewEmail } from './input.js';
@@ -200,34 +201,11 @@ export interface ListEmailsQuery {
 
 /** API sends of the organization, newest first, by id cursor (docs/emails.md, docs/foundation.md "Identifiers, time and lists"). */
 export async function listEmails(em: EntityManager, organizationId: string, query: ListEmailsQuery): Promise<{ items: EmailListRow[]; hasMore: boolean }> {
-  const limit = query.limit ?? 20;
-  if (query.after !== undefined && query.before !== undefined) {
-    throw new ValidationError('Pass after or before, not both', [{ path: 'after', message: 'cannot be combined with before' }]);
-  }
-  const cursor = query.after ?? query.before;
-  const cursorField = query.after !== undefined ? 'after' : 'before';
-  if (cursor !== undefined) {
-    const found = await em.count(Email, { id: cursor, organizationId });
-    if (found === 0) throw new ValidationError(`${cursorField}: no email ${cursor} in this organization`, [{ path: cursorField, message: `no email ${cursor} in this organization` }]);
-  }
-  const fields = { exclude: ['html', 'text', 'content'] as const };
   const filters = {
+    source: 'api' as const,
     // Bare addresses on both sides (`Name <addr>` or `addr`), by the index's own expression.
     ...(query.to !== undefined ? { [raw('email_bare_address(to_address)')]: raw('email_bare_address(?)', [query.to]) } : {}),
     ...(query.lastEvent !== undefined ? lastEventFilter(query.lastEvent) : {}),
   };
-  if (query.before !== undefined) {
-    const rows = await em.find(
-      Email,
-      { organizationId, source: 'api', id: { $gt: query.before }, ...filters },
-      { orderBy: { id: 'asc' }, limit: limit + 1, ...fields },
-    );
-    return { items: rows.slice(0, limit).reverse(), hasMore: rows.length > limit };
-  }
-  const rows = await em.find(
-    Email,
-    { organizationId, source: 'api', ...(query.after !== undefined ? { id: { $lt: query.after } } : {}), ...filters },
-    { orderBy: { id: 'desc' }, limit: limit + 1, ...fields },
-  );
-  return { items: rows.slice(0, limit), hasMore: rows.length > limit };
+  return pageByIdCursor<Email, EmailListRow>(em, Email, { scope: { organizationId }, filters }, { ...query, limit: query.limit ?? 20 }, 'email', ['html', 'text', 'content']);
 }
