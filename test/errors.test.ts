@@ -66,6 +66,9 @@ describe('malformed requests (docs/foundation.md "Errors")', () => {
     expect(res.json()).toEqual({ name: 'unsupported_media_type', message: expect.stringContaining('Content-Encoding gzip'), statusCode: 415 });
     const plain = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: { ...bearer(token), 'content-type': 'application/json', 'content-encoding': 'identity' }, payload: json });
     expect(plain.statusCode).toBe(200);
+    // The header alone, on a request without a body, refuses nothing.
+    const read = await ctx.app.inject({ method: 'GET', url: '/api/v2/tokens', headers: { ...bearer(token), 'content-encoding': 'gzip' } });
+    expect(read.statusCode).toBe(200);
   });
 
   it('accepts JSON with a charset', async () => {

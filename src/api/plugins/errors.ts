@@ -173,7 +173,8 @@ export function registerErrorHandling(app: App): void {
   // the "not valid JSON" its bytes would otherwise give.
   app.addHook('preParsing', async (request, _reply, payload) => {
     const coding = request.headers['content-encoding'];
-    if (coding !== undefined && String(coding).trim().toLowerCase() !== 'identity') {
+    const hasBody = request.headers['transfer-encoding'] !== undefined || Number(request.headers['content-length'] ?? 0) > 0;
+    if (hasBody && coding !== undefined && String(coding).trim().toLowerCase() !== 'identity') {
       throw new AppError(415, 'unsupported_media_type', `Content-Encoding ${String(coding).trim().slice(0, 40)} is not accepted: send the body uncompressed`);
     }
     return payload;
