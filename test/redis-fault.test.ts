@@ -3,6 +3,11 @@ import { bearer, createOrg, createTestContext, type TestContext } from './helper
 import { startCountingSink, type CountingSink } from './helpers/counting-sink.js';
 import { TestRedis, waitFor } from './helpers/outages.js';
 import { runService, type ServiceProcess } from './helpers/process.js';
+import { Redis } from 'ioredis';
+import { createRedis } from '../src/shared/redis.js';
+import { emailSendProcessor } from '../src/workers/emails.js';
+import { maintenanceProcessor } from '../src/workers/maintenance.js';
+import { startWorkers } from '../src/workers/runner.js';
 
 // Issue 9: Redis loses every key (killed and restarted empty: no RDB, no AOF) in the middle
 // of a send run. PostgreSQL is the source of truth: the reconciler re-enqueues, from it,
@@ -73,5 +78,26 @@ describe('Redis loses its data mid-run', () => {
     expect(sink.accepted).toBe(TOTAL);
     // The reconciler did the work: it logged what it re-enqueued.
     expect(worker.stdout() + worker.stderr()).toMatch(/re-enqueued queued emails whose job was missing/);
+  });
+});
+
+describe('Redis emptied under a live connection (FLUSHALL: no reconnect)', () => {
+  it('puts every job scheduler back by itself, keeping its next run', { timeout: 30_000 }, async () => {
+    const running = await startWorkers(ctx.services, createRedis(redis.url, 'worker'), [emailSendProcessor('emails'), maintenanceProcessor] as never, undefined, { reinstallEveryMs: 200 });
+    try {
+      const ids = async () => (await Promise.all(['emails', 'maintenance'].map((q) => ctx.services.producer.queue(q as 'emails').getJobSchedulers()))).flat().map((j) => `${j.key}@${j.next}`).sort();
+      const before = await ids();
+      expect(before.map((s) => s.split('@')[0])).toEqual(['emails-purge-idempotency-keys', 'emails-reconcile', 'purge-expired']);
+      // Upserted again and again meanwhile: an hourly purge's next run is not pushed back.
+      await new Promise((r) => setTimeout(r, 700));
+      expect((await ids()).filter((s) => s.startsWith('purge-expired'))).toEqual(before.filter((s) => s.startsWith('purge-expired')));
+      const flusher = new Redis(redis.url);
+      await flusher.flushall();
+      await flusher.quit();
+      expect(await ids()).toEqual([]);
+      await waitFor('the schedulers back', async () => (await ids()).length === 3, 10_000, 50);
+    } finally {
+      await running.close();
+    }
   });
 });

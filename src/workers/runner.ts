@@ -8,6 +8,9 @@ import type { Logger } from '../shared/logger.js';
 import { bullPrefix } from '../shared/queues/producer.js';
 import { parsePayload, type JobName, type JobPayload, type QueueName } from '../shared/queues/registry.js';
 
+// How often a worker process upserts its queues' job schedulers again (see runWorkers).
+const REINSTALL_MS = 30_000;
+
 export interface JobContext {
   services: Services;
   /** A fresh fork for this job only (docs/architecture.md "Conventions"). */
@@ -25,10 +28,11 @@ export interface QueueProcessor<Q extends QueueName = QueueName> {
   concurrency?: number;
   /** BullMQ options for this queue's Worker (limiter, lock duration, ...). */
   workerOptions?: Partial<Omit<WorkerOptions, 'connection' | 'prefix' | 'concurrency' | 'autorun'>>;
-  /** Runs once when the worker starts: e.g. `upsertJobScheduler` for periodic jobs. */
+  /**
+   * Runs when the worker starts, and again after a reconnect and every REINSTALL_MS (so it
+   * must be idempotent): e.g. `upsertJobScheduler` for periodic jobs.
+   */
   onStart?: (services: Services) => Promise<void>;
-  /** Runs once when the worker starts, beside it (a timer): returns what stops it when the workers close. */
-  whileRunning?: (services: Services) => () => void;
 }
 
 export function defineProcessor<Q extends QueueName>(processor: QueueProcessor<Q>): QueueProcessor<Q> {
@@ -53,6 +57,8 @@ export async function startWorkers(
   connection: Redis,
   processors: QueueProcessor[],
   selected?: string[],
+  /** `reinstallEveryMs`: how often the job schedulers are upserted again (tests make it short). */
+  options: { reinstallEveryMs?: number } = {},
 ): Promise<RunningWorkers> {
   const chosen = selected ? processors.filter((p) => selected.includes(p.queue)) : processors;
   const unknown = (selected ?? []).filter((name) => !processors.some((p) => p.queue === name));
@@ -126,16 +132,22 @@ export async function startWorkers(
     workers.push(worker);
   }
   for (const processor of chosen) await processor.onStart?.(services);
-  // A Redis that comes back empty (restarted without persistence, FLUSHALL) has lost the job
-  // schedulers (e.g. the email reconciler): upserted again whenever the connection is ready
-  // again (idempotent, so a mere reconnect costs a few commands).
+  // A Redis that comes back empty (restarted without persistence) has lost the job schedulers
+  // (the reconcilers among them): upserted again whenever the connection is ready again. One
+  // emptied under a live connection (FLUSHALL, a failover to an empty replica) gives no such
+  // event: they are upserted every REINSTALL_MS as well. An upsert is idempotent and keeps a
+  // scheduler's next run (BullMQ keeps the slot of an unchanged `every`), so it costs a few
+  // commands and postpones nothing.
   const reinstall = () => {
     for (const processor of chosen) {
       processor.onStart?.(services).catch((error: unknown) => services.logger.warn({ err: error, queue: processor.queue }, 'could not set up the queue again after a reconnect'));
     }
   };
   services.redis.on('ready', reinstall);
-  const stops = chosen.flatMap((processor) => processor.whileRunning?.(services) ?? []);
+  const reinstalling = setInterval(() => {
+    if (services.redis.status === 'ready') reinstall();
+  }, options.reinstallEveryMs ?? REINSTALL_MS);
+  reinstalling.unref();
 
   return {
     queues: chosen.map((p) => p.queue),
@@ -145,7 +157,7 @@ export async function startWorkers(
     },
     async close() {
       services.redis.off('ready', reinstall);
-      for (const stop of stops) stop();
+      clearInterval(reinstalling);
       guard.stop();
       await Promise.all(workers.map((w) => w.close()));
     },

@@ -18,8 +18,6 @@ const DISPATCH_LIMIT = 5_000;
 // the endpoint's job again under the same id.
 const DELIVER_JOB_OPTIONS = { removeOnComplete: true, removeOnFail: true };
 
-const REINSTALL_MS = 30_000;
-
 /**
  * The `webhooks` queue. `dispatch` runs every second on a job scheduler: it is both the
  * outbox's dispatcher and its reconciler, since it reads PostgreSQL (the outbox) and not
@@ -49,16 +47,6 @@ export function webhookProcessor(options: WebhookProcessorOptions = {}): QueuePr
     },
     async onStart(services) {
       await installDispatch(services, o.dispatchEveryMs);
-    },
-    // Redis emptied under a live connection (FLUSHALL, a failover to an empty replica) takes
-    // the scheduler with it and no reconnect puts it back: it is upserted again every
-    // REINSTALL_MS (idempotent), so deliveries resume by themselves.
-    whileRunning(services) {
-      const timer = setInterval(() => {
-        if (services.redis.status === 'ready') void installDispatch(services, o.dispatchEveryMs).catch(() => {});
-      }, REINSTALL_MS);
-      timer.unref();
-      return () => clearInterval(timer);
     },
   });
 }
