@@ -119,14 +119,16 @@ describe('bad usage exits non-zero with a message', () => {
 });
 
 describe('the secret key (README.md "The first token and the first email")', () => {
-  it('makes no key file for help or an unknown command, and says so on stderr when a command generates one', async () => {
+  it('makes no key file for help, an unknown command or a command that needs none, and says so on stderr when a command generates one', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'mailroom-cli-key-'));
     const file = join(dir, 'data', 'secret-key');
     // No SECRET_KEY, outside production: the key is the file's, generated on first use.
     const env = { ...ctx.env.env, NODE_ENV: 'development', SECRET_KEY: '', SECRET_KEY_FILE: file };
     try {
-      for (const args of [['--help'], ['help'], ['org', 'delete', 'org_x']]) {
-        await runCli(args, env);
+      for (const args of [['--help'], ['help'], ['org', 'delete', 'org_x'], ['constructor'], ['toString'], ['migrate']]) {
+        const { code, stderr } = await runCli(args, env);
+        // A name every object has is no command either.
+        if (args[0] === 'constructor' || args[0] === 'toString') expect({ code, stderr: stderr.split('\n')[0] }).toEqual({ code: 2, stderr: `mailroom: unknown command: ${args[0]}` });
         await expect(access(file), args.join(' ')).rejects.toThrow();
       }
       const first = await runCli(['org', 'list', '--json'], env);

@@ -226,6 +226,9 @@ const COMMANDS: Record<string, Command> = {
   verify: (_config, args) => verify(args),
 };
 
+// Commands that seal or open no secret: no key is resolved for them, so none is generated.
+const KEYLESS = new Set(['migrate', 'verify']);
+
 export async function main(argv: string[]): Promise<number> {
   const [command, sub, ...rest] = argv;
   // Help and an unknown command read no configuration and write nothing (no key file made for them).
@@ -233,8 +236,10 @@ export async function main(argv: string[]): Promise<number> {
     process.stdout.write(USAGE);
     return 0;
   }
-  const twoWords = COMMANDS[`${command} ${sub}`];
-  const oneWord = COMMANDS[command];
+  // Own properties only: `constructor` or `toString` is no command.
+  const lookup = (words: string) => (Object.hasOwn(COMMANDS, words) ? COMMANDS[words] : undefined);
+  const twoWords = lookup(`${command} ${sub}`);
+  const oneWord = twoWords ? undefined : lookup(command);
   const run = twoWords ? (config: Config) => twoWords(config, rest) : oneWord ? (config: Config) => oneWord(config, argv.slice(1)) : undefined;
   if (!run) {
     process.stderr.write(`mailroom: unknown command: ${argv.join(' ')}\n\n${USAGE}`);
@@ -243,7 +248,7 @@ export async function main(argv: string[]): Promise<number> {
   let config: Config;
   try {
     // The same key as the service's processes (SECRET_KEY, or the generated SECRET_KEY_FILE).
-    const resolved = resolveSecretKey(loadConfig());
+    const resolved = !twoWords && KEYLESS.has(command) ? { config: loadConfig() } : resolveSecretKey(loadConfig());
     config = resolved.config;
     // A key made now is not the server's if the server runs elsewhere, or in another directory:
     // secrets this command seals (a token's) would not open there.
