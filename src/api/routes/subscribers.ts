@@ -20,7 +20,6 @@ import type { App } from '../types.js';
 
 const NAME_MAX = 255;
 const PHONE_MAX = 50;
-// A request names at most this many tags or fields; more is refused as a whole (422).
 
 const TagRefSchema = z.object({ id: z.string(), name: z.string() });
 const Status = z.enum(SUBSCRIBER_STATUSES);

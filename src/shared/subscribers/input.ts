@@ -42,7 +42,7 @@ export const CountryCode = z
 export const IpAddress = z.union([z.ipv4(), z.ipv6()], { message: 'must be an IPv4 or IPv6 address' });
 
 export const TAG_NAME_MAX = 100;
-/** Tags and custom fields one write may give a subscriber (API, tools, import row). */
+/** Tags and custom fields one write may give a subscriber (API, tools, import row); more is refused as a whole (422, a skipped row). */
 export const TAGS_MAX = 100;
 export const FIELDS_MAX = 100;
 export const FIELD_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
