@@ -151,6 +151,12 @@ describe('POST/GET /api/v2/campaigns (docs/campaigns.md)', () => {
       expect(refused.statusCode, query).toBe(422);
     }
     expect((await api('GET', '/campaigns?status=SENT', undefined, other.token)).json().data).toEqual([]);
+    // A status narrows the page, not the cursor: a campaign of another status still is one.
+    await ctx.services.orm.em.fork().execute(`update campaigns set status = 'SENT' where id = ?`, [ids[1]]);
+    const olderDrafts = await api('GET', `/campaigns?status=DRAFT&after=${ids[1]}`, undefined, other.token);
+    expect(olderDrafts.json()).toMatchObject({ has_more: false, data: [{ id: ids[0] }] });
+    const newerDrafts = await api('GET', `/campaigns?status=DRAFT&before=${ids[1]}`, undefined, other.token);
+    expect(newerDrafts.json()).toMatchObject({ has_more: false, data: [{ id: ids[2] }] });
     expect((await api('GET', '/campaigns?limit=0', undefined, other.token)).statusCode).toBe(422);
     // Another organization's campaign is 404.
     expect((await api('GET', `/campaigns/${ids[0]}`)).statusCode).toBe(404);

@@ -528,6 +528,9 @@ describe('campaign tools (list_campaigns, get_campaign, schedule_campaign)', () 
     expect(await runBoth(ctx, clients, token, 'list_campaigns', { limit: 1 })).toEqual({ statusCode: 200, body: list.json() });
     const drafts = await v2('GET', '/api/v2/campaigns?status=DRAFT');
     expect(await runBoth(ctx, clients, token, 'list_campaigns', { status: 'DRAFT' })).toEqual({ statusCode: 200, body: drafts.json() });
+    const newer = await v2('GET', `/api/v2/campaigns?before=${id}`);
+    expect(newer.json().data.map((c: { name: string }) => c.name)).toContain('Second');
+    expect(await runBoth(ctx, clients, token, 'list_campaigns', { before: id })).toEqual({ statusCode: 200, body: newer.json() });
     const got = await v2('GET', `/api/v2/campaigns/${id}`);
     expect(await runBoth(ctx, clients, token, 'get_campaign', { campaignId: id })).toEqual({ statusCode: 200, body: got.json() });
     expect(await runBoth(ctx, clients, otherToken, 'get_campaign', { campaignId: id })).toMatchObject({ statusCode: 404, body: { name: 'not_found' } });

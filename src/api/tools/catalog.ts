@@ -166,6 +166,7 @@ export const tools: Tool[] = [
     inputSchema: z.object({
       limit: Limit.optional().describe('1 to 100, default 20'),
       after: ListCampaignsQuery.shape.after.describe('A campaign id: list campaigns older than it'),
+      before: ListCampaignsQuery.shape.before,
       status: ListCampaignsQuery.shape.status,
     }),
     readOnly: true,
