@@ -165,13 +165,18 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
         socket.on('close', () => resolve(text));
         socket.on('error', reject);
       });
-    for (const head of [
-      Buffer.concat([Buffer.from('GET /api/v2/subscribers?query=zo'), Buffer.from([0xc3, 0xab]), Buffer.from(' HTTP/1.1\r\nHost: x\r\n\r\n')]),
-      Buffer.from('GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n'),
-    ]) {
+    const cases: Array<[Buffer, string, number, string, RegExp]> = [
+      [Buffer.concat([Buffer.from('GET /api/v2/subscribers?query=zo'), Buffer.from([0xc3, 0xab]), Buffer.from(' HTTP/1.1\r\nHost: x\r\n\r\n')]), 'Bad Request', 400, 'bad_request', /percent-encoded/],
+      [Buffer.from('GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n'), 'Bad Request', 400, 'bad_request', /headers well formed/],
+      [Buffer.from('POST /api/v2/tokens HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n'), 'Bad Request', 400, 'bad_request', /body framing/],
+      [Buffer.from(`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`), 'Request Header Fields Too Large', 431, 'headers_too_large', /headers are larger/],
+    ];
+    for (const [head, text, status, name, message] of cases) {
       const answer = await send(head);
-      expect(answer.split('\r\n')[0]).toBe('HTTP/1.1 400 Bad Request');
-      expectErrorShape(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)), 400, 'bad_request');
+      expect(answer.split('\r\n')[0], name).toBe(`HTTP/1.1 ${status} ${text}`);
+      const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+      expectErrorShape(body, status, name);
+      expect(body.message).toMatch(message);
     }
   });
 

@@ -141,18 +141,34 @@ export function errorHandler(wrap: (body: ErrorBody) => unknown = (body) => body
  */
 export function clientErrorHandler(this: { log: { trace(obj: object, msg: string): void } }, error: NodeJS.ErrnoException, socket: Duplex): void {
   if (error.code === 'ECONNRESET' || socket.destroyed) return;
-  const [status, text, body] =
-    error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-      ? [408, 'Request Timeout', errorBody(408, 'request_timeout', 'The request was not received in time')]
-      : error.code === 'HPE_HEADER_OVERFLOW'
-        ? [431, 'Request Header Fields Too Large', errorBody(431, 'headers_too_large', 'The request headers are larger than this server accepts')]
-        : [400, 'Bad Request', errorBody(400, 'bad_request', 'The request is not valid HTTP: its URL must be percent-encoded (no raw character outside ASCII) and its headers well formed')];
+  const [status, text, body] = clientErrorAnswer(error.code);
   this.log.trace({ err: error }, 'client error');
-  if (socket.writable) {
+  // Not in the middle of an answer already under way on this connection (Node's own check).
+  const answering = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent === true;
+  if (socket.writable && !answering) {
     const json = JSON.stringify(body);
     socket.write(`HTTP/1.1 ${status} ${text}\r\nContent-Length: ${Buffer.byteLength(json)}\r\nContent-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${json}`);
   }
   socket.destroy(error);
+}
+
+/** The status, reason phrase and body for a parser error code, as Node's default chooses the status. */
+function clientErrorAnswer(code: string | undefined): [number, string, ErrorBody] {
+  switch (code) {
+    case 'ERR_HTTP_REQUEST_TIMEOUT':
+      return [408, 'Request Timeout', errorBody(408, 'request_timeout', 'The request was not received in time')];
+    case 'HPE_HEADER_OVERFLOW':
+      return [431, 'Request Header Fields Too Large', errorBody(431, 'headers_too_large', 'The request headers are larger than this server accepts')];
+    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
+      return [413, 'Payload Too Large', errorBody(413, 'payload_too_large', 'The chunk extensions of the body are larger than this server accepts')];
+    case 'HPE_INVALID_CHUNK_SIZE':
+    case 'HPE_UNEXPECTED_CONTENT_LENGTH':
+    case 'HPE_INVALID_TRANSFER_ENCODING':
+    case 'HPE_INVALID_CONTENT_LENGTH':
+      return [400, 'Bad Request', errorBody(400, 'bad_request', "The request's body framing (Content-Length or Transfer-Encoding) is not valid HTTP")];
+    default:
+      return [400, 'Bad Request', errorBody(400, 'bad_request', 'The request is not valid HTTP: its URL must be percent-encoded (no raw character outside ASCII) and its headers well formed')];
+  }
 }
 
 export function registerErrorHandling(app: App): void {
