@@ -25,7 +25,7 @@ export async function pageByIdCursor<T extends { id: string }, Row = T>(
   query: CursorQuery,
   noun: string,
   /** Columns left out of the rows (`Row` is then the partial entity the caller reads). */
-  exclude: readonly string[] = [],
+  exclude: readonly (keyof T & string)[] = [],
 ): Promise<{ items: Row[]; hasMore: boolean }> {
   const options = (exclude.length > 0 ? { exclude } : {}) as FindOptions<T>;
   if (query.after !== undefined && query.before !== undefined) {
