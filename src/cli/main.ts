@@ -227,7 +227,7 @@ const COMMANDS: Record<string, Command> = {
 };
 
 // Commands that seal or open no secret: no key is resolved for them, so none is generated.
-const KEYLESS = new Set(['migrate', 'verify']);
+const KEYLESS: readonly string[] = ['migrate', 'verify'];
 
 export async function main(argv: string[]): Promise<number> {
   const [command, sub, ...rest] = argv;
@@ -248,7 +248,7 @@ export async function main(argv: string[]): Promise<number> {
   let config: Config;
   try {
     // The same key as the service's processes (SECRET_KEY, or the generated SECRET_KEY_FILE).
-    const resolved = !twoWords && KEYLESS.has(command) ? { config: loadConfig() } : resolveSecretKey(loadConfig());
+    const resolved = !twoWords && KEYLESS.includes(command) ? { config: loadConfig() } : resolveSecretKey(loadConfig());
     config = resolved.config;
     // A key made now is not the server's if the server runs elsewhere, or in another directory:
     // secrets this command seals (a token's) would not open there.
