@@ -8,7 +8,7 @@ import type { Logger } from '../shared/logger.js';
 import { bullPrefix } from '../shared/queues/producer.js';
 import { parsePayload, type JobName, type JobPayload, type QueueName } from '../shared/queues/registry.js';
 
-// How often a worker process upserts its queues' job schedulers again (see runWorkers).
+// How often a worker process upserts its queues' job schedulers again (see startWorkers).
 const REINSTALL_MS = 30_000;
 
 export interface JobContext {
@@ -140,7 +140,7 @@ export async function startWorkers(
   // commands and postpones nothing.
   const reinstall = () => {
     for (const processor of chosen) {
-      processor.onStart?.(services).catch((error: unknown) => services.logger.warn({ err: error, queue: processor.queue }, 'could not set up the queue again after a reconnect'));
+      processor.onStart?.(services).catch((error: unknown) => services.logger.warn({ err: error, queue: processor.queue }, "could not set up the queue's schedulers again"));
     }
   };
   services.redis.on('ready', reinstall);
