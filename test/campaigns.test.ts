@@ -570,6 +570,27 @@ describe('sending: MARKDOWN, MAILY and PLATE reach every matching subscriber (do
   });
 });
 
+describe('a campaign email the relay refuses', () => {
+  it('keeps the personalised subject and body it was sent with', async () => {
+    await startAllWorkers();
+    const o = await createOrg(ctx.services, { name: 'Refused' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'news@refused.test');
+    expect((await api('POST', '/subscribers', { email: 'gone@refused.test', name: 'Gone' }, o.token)).statusCode).toBe(200);
+    sink.answer = (rcpt) => (rcpt === 'gone@refused.test' ? { code: 550, message: 'No such user here' } : undefined);
+    try {
+      const c = (await api('POST', '/campaigns', { name: 'refused', subject: 'Hello {{name}}', senderId: sid, content: `Hi **{{name}}**${UNSUB_MD}` }, o.token)).json();
+      expect((await api('POST', `/campaigns/${c.id}/send`, {}, o.token)).statusCode).toBe(200);
+      await waitFor(async () => (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json().status === 'FAILED');
+      const [row] = await sql<{ status: string; subject: string; html: string | null }>('select status, subject, html from emails where campaign_id = ?', [c.id]);
+      // As a sent campaign email's row holds them (the template's subject until then).
+      expect(row).toMatchObject({ status: 'failed', subject: 'Hello Gone' });
+      expect(row!.html).toContain('<strong>Gone</strong>');
+    } finally {
+      sink.answer = undefined;
+    }
+  });
+});
+
 describe('fan-out edge cases', () => {
   it('skips a recipient who unsubscribes during the fan-out and still completes', async () => {
     // Only the fan-out runs: the emails stay queued until the send worker starts.
