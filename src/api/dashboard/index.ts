@@ -6,6 +6,7 @@ import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
 import { isDependencyDown } from '../../shared/dependency-errors.js';
+import { errorHeaders } from '../plugins/errors.js';
 import { AppError, NotFoundError } from '../../shared/errors.js';
 import { unstorableError, unstorablePath } from '../../shared/storable.js';
 import { checkPassword, PASSWORD_MAX } from '../../shared/users/service.js';
@@ -162,10 +163,10 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
     // PostgreSQL or Redis unreachable: 503 with Retry-After, as the API answers (docs/operations.md).
     const down = !(error instanceof AppError) && isDependencyDown(error);
     const status = error instanceof AppError ? error.statusCode : down ? 503 : error.statusCode && error.statusCode < 500 ? error.statusCode : 500;
-    if (down) {
-      request.log.warn({ err: error }, 'dashboard request failed: a dependency is unavailable');
-      void reply.header('retry-after', '5');
-    } else if (status >= 500) request.log.error({ err: error }, 'dashboard request failed');
+    if (down) request.log.warn({ err: error }, 'dashboard request failed: a dependency is unavailable');
+    else if (status >= 500) request.log.error({ err: error }, 'dashboard request failed');
+    // The API's headers of the same status (Retry-After on a 503).
+    errorHeaders(error, { name: '', message: '', statusCode: status }, reply);
     const message = down
       ? 'mailroom cannot reach its database or queue right now; nothing was changed. Try again in a moment.'
       : status >= 500

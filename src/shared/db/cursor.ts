@@ -11,6 +11,13 @@ export interface CursorQuery {
   before?: string;
 }
 
+/** `after` or `before`, not both: 422 (every list that takes both). */
+export function assertOneCursor(query: { after?: string; before?: string }): void {
+  if (query.after !== undefined && query.before !== undefined) {
+    throw new ValidationError('Pass after or before, not both', [{ path: 'after', message: 'cannot be combined with before' }]);
+  }
+}
+
 /**
  * One page of a list ordered newest first by id (ULIDs sort by creation), with the id
  * cursors of every v2 list that takes them: `after` and `before` not both, and a cursor that
@@ -28,9 +35,7 @@ export async function pageByIdCursor<T extends { id: string }, Row = T>(
   exclude: readonly (keyof T & string)[] = [],
 ): Promise<{ items: Row[]; hasMore: boolean }> {
   const options = (exclude.length > 0 ? { exclude } : {}) as FindOptions<T>;
-  if (query.after !== undefined && query.before !== undefined) {
-    throw new ValidationError('Pass after or before, not both', [{ path: 'after', message: 'cannot be combined with before' }]);
-  }
+  assertOneCursor(query);
   const where = (filters ? { $and: [scope, filters] } : scope) as FilterQuery<T>;
   const cursor = query.after ?? query.before;
   if (cursor !== undefined) {

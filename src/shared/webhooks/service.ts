@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import { assertOneCursor } from '../db/cursor.js';
 import type { SecretBox } from '../crypto.js';
 import type { DnsLookup } from '../dns/types.js';
 import { NotFoundError, ValidationError } from '../errors.js';
@@ -166,9 +167,7 @@ export async function listDeliveries(
   id: string,
   query: { limit?: number; after?: string; before?: string },
 ): Promise<{ items: Delivery[]; hasMore: boolean }> {
-  if (query.after !== undefined && query.before !== undefined) {
-    throw new ValidationError('Pass after or before, not both', [{ path: 'after', message: 'cannot be combined with before' }]);
-  }
+  assertOneCursor(query);
   const endpoint = await endpointOf(em, organizationId, id);
   // Cursors as for emails (docs/foundation.md "Identifiers, time and lists"): an unknown one is 422.
   const cursor = query.after ?? query.before;
