@@ -187,13 +187,15 @@ export function registerErrorHandling(app: App): void {
   });
   // A compressed body (RFC 7694: the server names the codings it takes, here none) is 415, not
   // the "not valid JSON" its bytes would otherwise give.
-  app.addHook('preParsing', async (request, _reply, payload) => {
+  // A callback, not an async hook: it runs on every request, and most have no such header.
+  app.addHook('preParsing', (request, _reply, payload, done) => {
     const coding = request.headers['content-encoding'];
+    if (coding === undefined) return done(null, payload);
     const hasBody = request.headers['transfer-encoding'] !== undefined || Number(request.headers['content-length'] ?? 0) > 0;
-    if (hasBody && coding !== undefined && String(coding).trim().toLowerCase() !== 'identity') {
-      throw new AppError(415, 'unsupported_media_type', `Content-Encoding ${String(coding).trim().slice(0, 40)} is not accepted: send the body uncompressed`);
+    if (hasBody && String(coding).trim().toLowerCase() !== 'identity') {
+      return done(new AppError(415, 'unsupported_media_type', `Content-Encoding ${String(coding).trim().slice(0, 40)} is not accepted: send the body uncompressed`));
     }
-    return payload;
+    done(null, payload);
   });
   app.setNotFoundHandler((request, reply) => {
     return reply.code(404).send(errorBody(404, 'not_found', `No route ${request.method} ${request.url.split('?')[0]}`));
