@@ -276,8 +276,9 @@ function isTrackable(url: string, publicUrl: string): boolean {
   if (url.includes('{{') || url.includes('%7B%7B')) return false;
   const own = publicUrl.toLowerCase();
   const lower = url.toLowerCase();
-  // The service's own links (unsubscribe, tracking, double opt-in confirmation) go where they
-  // say: a confirmation link is the address the subscriber is asked to open (contract 6).
-  if (lower.startsWith(`${own}/u/`) || lower.startsWith(`${own}/t/`) || lower.startsWith(`${own}/confirm/`)) return false;
+  // The service's own links (unsubscribe, tracking, double opt-in confirmation, any page of
+  // it) go where they say: a confirmation link is the address the subscriber is asked to
+  // open (contract 6), and a redirect through the service to itself tracks nothing.
+  if (lower.startsWith(`${own}/`)) return false;
   return true;
 }
