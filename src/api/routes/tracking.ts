@@ -98,18 +98,17 @@ const WEBHOOK_MAX_AGE_S = 600;
  * unchanged (signature over the body alone).
  */
 export async function providerWebhookRoutes(app: App): Promise<void> {
-  // This plugin's own JSON parser keeps the exact bytes that were signed, and whether they
-  // parsed: a body that is not JSON goes on so that the signature is checked first (401 for
-  // an unsigned one, 400 `invalid_json`, contract 4, for a signed one).
-  const raw = new WeakMap<FastifyRequest, { bytes: Buffer; json: boolean }>();
+  // This plugin's own JSON parser keeps the exact bytes that were signed. A body that is not
+  // JSON goes on as undefined (JSON never parses to it), as the providers' routes do, so that
+  // the signature is checked first: 401 for an unsigned one, 400 `invalid_json` (contract 4)
+  // for a signed one.
+  const raw = new WeakMap<FastifyRequest, Buffer>();
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body: Buffer, done) => {
+    raw.set(request, body);
     try {
-      const parsed: unknown = JSON.parse(body.toString('utf8'));
-      raw.set(request, { bytes: body, json: true });
-      done(null, parsed);
+      done(null, JSON.parse(body.toString('utf8')));
     } catch {
-      raw.set(request, { bytes: body, json: false });
       done(null, undefined);
     }
   });
@@ -126,7 +125,7 @@ export async function providerWebhookRoutes(app: App): Promise<void> {
         const secret = app.services.config.providerWebhookSecret;
         const header = request.headers['x-mailroom-signature'];
         const match = typeof header === 'string' ? SIGNATURE.exec(header.trim()) : null;
-        const body = raw.get(request)?.bytes ?? Buffer.alloc(0);
+        const body = raw.get(request) ?? Buffer.alloc(0);
         const stamp = request.headers['x-mailroom-timestamp'];
         if (stamp !== undefined && (typeof stamp !== 'string' || !/^\d{1,12}$/.test(stamp.trim()))) {
           throw new AppError(401, 'invalid_signature', 'X-Mailroom-Timestamp must be Unix seconds');
@@ -140,7 +139,7 @@ export async function providerWebhookRoutes(app: App): Promise<void> {
         if (stamp !== undefined && Math.abs(app.services.clock().getTime() / 1000 - Number(stamp.trim())) > WEBHOOK_MAX_AGE_S) {
           throw new AppError(401, 'invalid_signature', "X-Mailroom-Timestamp is more than 10 minutes away from this server's clock: refused as a possible replay (or a clock that is off)");
         }
-        if (raw.get(request)?.json === false) throw new AppError(400, 'invalid_json', 'The body is not valid JSON');
+        if (request.body === undefined) throw new AppError(400, 'invalid_json', 'The body is not valid JSON');
       },
     },
     async (request) => {
