@@ -3,7 +3,7 @@ import { isDependencyDown } from '../dependency-errors.js';
 import { ConflictError } from '../errors.js';
 import { newId } from '../ids.js';
 import type { Sql } from '../db/sql.js';
-import { insertEmailRows, insertKeyedEmails } from './queries.js';
+import { insertEmailRows, insertKeyedEmails, scopedKey } from './queries.js';
 import type { NewEmail } from './input.js';
 
 /**
@@ -55,8 +55,6 @@ export async function insertEmails(db: EntityManager | Sql, inputs: NewEmail[], 
   return ids;
 }
 
-const scope = (organizationId: string, key: string) => `${organizationId}\n${key}`;
-
 /**
  * Writes the requests together: one statement (two when a key was used before), one
  * commit. Each request gets its own answer; one request's failure does not fail the others
@@ -70,7 +68,7 @@ export async function acceptRequests(em: EntityManager, requests: AcceptRequest[
   const now: number[] = [];
   const repeats: Array<{ i: number; first: number }> = [];
   requests.forEach((r, i) => {
-    const key = r.idempotency && scope(r.emails[0]!.organizationId, r.idempotency.key);
+    const key = r.idempotency && scopedKey(r.emails[0]!.organizationId, r.idempotency.key);
     const first = key === undefined ? undefined : firstOf.get(key);
     if (first !== undefined) repeats.push({ i, first });
     else {
@@ -134,7 +132,7 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
     return own;
   });
   // Each keyed request with its key scoped to its organization (keys are per organization).
-  const keyed = requests.flatMap((r, i) => (r.idempotency ? [{ i, idempotency: r.idempotency, organizationId: r.emails[0]!.organizationId, scoped: scope(r.emails[0]!.organizationId, r.idempotency.key) }] : []));
+  const keyed = requests.flatMap((r, i) => (r.idempotency ? [{ i, idempotency: r.idempotency, organizationId: r.emails[0]!.organizationId, scoped: scopedKey(r.emails[0]!.organizationId, r.idempotency.key) }] : []));
   if (keyed.length === 0) {
     await insertEmailRows(em, inputs, ids);
     return requestIds.map((own) => ({ ok: { ids: own, replayed: false } }));
@@ -146,9 +144,9 @@ async function write(em: EntityManager, requests: AcceptRequest[]): Promise<Acce
     ids,
     rowKeys,
   });
-  const won = new Set(claimed.map((c) => scope(c.organization_id, c.idempotency_key)));
-  const running = new Set(busy.map((c) => scope(c.organization_id, c.idempotency_key)));
-  const earlier = new Map(rows.map((row) => [scope(row.organization_id, row.idempotency_key), row]));
+  const won = new Set(claimed.map((c) => scopedKey(c.organization_id, c.idempotency_key)));
+  const running = new Set(busy.map((c) => scopedKey(c.organization_id, c.idempotency_key)));
+  const earlier = new Map(rows.map((row) => [scopedKey(row.organization_id, row.idempotency_key), row]));
   const results = requestIds.map((own): AcceptResult => ({ ok: { ids: own, replayed: false } }));
   for (const { i, idempotency, scoped } of keyed) {
     if (won.has(scoped)) continue;

@@ -48,6 +48,9 @@ const INSERT_INTO = `insert into emails (${COLUMNS.map(quote).join(', ')})`;
 /** Emails only (no key): one statement. */
 const INSERT_SQL = `${INSERT_INTO} select ${SELECT_ROWS} from ${rows(COLUMNS)}`;
 
+/** A key scoped to its organization (keys are per organization), as a Map or Set key. */
+export const scopedKey = (organizationId: string, key: string) => `${organizationId}\n${key}`;
+
 /** The advisory lock a request holds on its key while it writes it (SQL, of two text expressions). */
 export const idempotencyKeyLock = (organizationId: string, key: string) => `hashtextextended('mailroom:idempotency:' || ${organizationId} || E'\\n' || ${key}, 0)`;
 
@@ -181,8 +184,8 @@ export async function insertKeyedEmails(
       ],
       'mailroom_emails_insert_keyed',
     );
-    const answered = new Set(rows.map((r) => `${r.organization_id}\n${r.idempotency_key}`));
-    const missing = input.keys.filter((k) => !answered.has(`${k.organizationId}\n${k.key}`));
+    const answered = new Set(rows.map((r) => scopedKey(r.organization_id, r.idempotency_key)));
+    const missing = input.keys.filter((k) => !answered.has(scopedKey(k.organizationId, k.key)));
     const earlier = missing.length === 0 ? [] : await sql.query<EarlierKey>(EARLIER_SQL, [missing.map((m) => m.organizationId), missing.map((m) => m.key)]);
     return { claimed: rows.filter((r) => r.claimed), busy: rows.filter((r) => !r.claimed), earlier };
   });
