@@ -84,7 +84,7 @@ ${table('Subscribers', ['Email', 'Name', 'Status', 'Tags', 'Created'], rows)}
     return sendPage(reply, page({ title: 'Import subscribers', active: 'audience', user }, body));
   });
 
-  app.post('/app/audience/import', { schema: { hide: true } }, async (request, reply) => {
+  app.post('/app/audience/import', { schema: { hide: true }, config: { csrfInHandler: true } }, async (request, reply) => {
     const { caller, session } = signedIn(request, 'subscribers');
     if (!request.isMultipart()) throw new ValidationError('file: send the form with a CSV file', [{ path: 'file', message: 'missing' }]);
     const fields: Record<string, string> = {};

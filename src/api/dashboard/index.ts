@@ -142,10 +142,15 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
   });
 
   // Every change of a signed-in page carries the session's token (a form field, or the
-  // header htmx sends); multipart uploads check it in their handler.
+  // header htmx sends). A multipart body is not read before the handler: the route that takes
+  // an upload says so (`config.csrfInHandler`) and checks the form's token itself, before it
+  // reads the file; any other route sent a multipart body finds no form field here, so it
+  // needs the header.
   app.addHook('preHandler', async (request, reply) => {
-    if (request.method !== 'POST' || !request.dashboard || request.isMultipart()) return;
-    const given = request.headers['x-csrf-token'] ?? formOf(request)._csrf;
+    if (request.method !== 'POST' || !request.dashboard) return;
+    const multipart = request.isMultipart();
+    if (multipart && (request.routeOptions.config as { csrfInHandler?: boolean }).csrfInHandler) return;
+    const given = request.headers['x-csrf-token'] ?? (multipart ? undefined : formOf(request)._csrf);
     if (!sameToken(given, request.dashboard.session.csrf)) {
       return sendPage(reply, page({ title: 'Request refused', user: request.dashboard.user, error: 'This form is out of date (its security token does not match your session); nothing was changed. Reload the page and try again.' }, html``), 403);
     }
