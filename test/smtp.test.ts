@@ -444,14 +444,17 @@ describe('limits that need their own settings', () => {
     await other?.close();
   });
 
-  it('in production, AUTH before STARTTLS is 538 5.7.11; after STARTTLS it works, and implicit TLS too', async () => {
+  it('in production, AUTH is neither offered nor taken before STARTTLS (no credential is asked for); after STARTTLS it works, and implicit TLS too', async () => {
     const dialog = await openDialog(otherListener.port);
     const ehlo = await dialog.send('EHLO client.test');
     expect(ehlo).toContain('STARTTLS');
-    expect(await dialog.auth(otherToken)).toMatch(/^538 5\.7\.11 /);
+    expect(ehlo).not.toContain('AUTH');
+    // Refused at once: no 334 asking for the user name and the token.
+    expect(await dialog.send('AUTH LOGIN')).toMatch(/^500 /);
+    expect(await dialog.send('MAIL FROM:<a@acme.test>')).toMatch(/^530 5\.7\.0 Must issue a STARTTLS command first/);
     expect(await dialog.send('STARTTLS')).toMatch(/^220 /);
     await dialog.startTls();
-    await dialog.send('EHLO client.test');
+    expect(await dialog.send('EHLO client.test')).toContain('AUTH PLAIN LOGIN');
     expect(await dialog.auth(otherToken)).toMatch(/^235 /);
     dialog.close();
 

@@ -93,13 +93,15 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     services.logger.warn('SMTP submission has no certificate (SMTP_TLS_CERT_FILE, SMTP_TLS_KEY_FILE): AUTH is refused over plain text in production');
   }
 
+  const serverDisabled = tls ? [] : ['STARTTLS'];
   const handlers: SMTPServerOptions = {
     banner: 'mailroom submission',
     logger: false,
     authMethods: ['PLAIN', 'LOGIN'],
     authOptional: false,
     authRequiredMessage: replies.authRequired,
-    // Checked in onAuth, so that the refusal carries its enhanced status code.
+    // Outside production AUTH is taken over plain text too (contract 19); in production it is
+    // not offered before TLS (onConnect below).
     allowInsecureAuth: true,
     // The limit is enforced here (552 5.3.4), not by the library's reply without a status code.
     size: max,
@@ -107,7 +109,21 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     hideDSN: true,
     hideSMTPUTF8: true,
     closeTimeout: options.closeTimeoutMs ?? CLOSE_TIMEOUT_MS,
-    ...(tls ? { key: tls.key, cert: tls.cert } : { disabledCommands: ['STARTTLS'] }),
+    ...(tls ? { key: tls.key, cert: tls.cert } : {}),
+    disabledCommands: serverDisabled,
+
+    // In production AUTH is neither offered nor taken before TLS (as Postfix's
+    // smtpd_tls_auth_only): EHLO does not list it, and AUTH is refused before any credential
+    // is asked for, where the library's own check (allowInsecureAuth) would read the token
+    // first and refuse it after. The session's list replaces the server's until TLS is up.
+    onConnect(session, callback) {
+      if (production && !session.secure) session.disabledCommands = [...serverDisabled, 'AUTH'];
+      callback();
+    },
+    onSecure(_socket, session, callback) {
+      session.disabledCommands = serverDisabled;
+      callback();
+    },
 
     onAuth(auth, session, callback) {
       if (!session.secure && production) return callback(replies.encryptionRequired());
@@ -122,6 +138,8 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     },
 
     onMailFrom(address, session, callback) {
+      // AUTH is not offered here yet (production, no TLS), so the library did not ask for it.
+      if (!session.user) return callback(replies.tlsFirst(tls !== undefined));
       const size = Number(address.args && typeof address.args === 'object' ? (address.args as Record<string, unknown>).SIZE : undefined);
       if (Number.isFinite(size) && size > max) return callback(replies.tooBig(max));
       const { secret } = session.user as SessionUser;

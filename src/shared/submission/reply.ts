@@ -18,6 +18,9 @@ export const replies = {
   authRequired: '5.7.0 Authentication required',
   badCredentials: () => new SmtpReplyError(535, '5.7.8', 'Authentication credentials invalid'),
   encryptionRequired: () => new SmtpReplyError(538, '5.7.11', 'Encryption required for requested authentication mechanism'),
+  /** MAIL on a production connection without TLS, where AUTH is not offered (RFC 3207 4.2). */
+  tlsFirst: (canStartTls: boolean) =>
+    new SmtpReplyError(530, '5.7.0', canStartTls ? 'Must issue a STARTTLS command first' : 'Authentication required, and AUTH is offered only over TLS (this listener has no certificate)'),
   authUnavailable: () => new SmtpReplyError(454, '4.7.0', 'Temporary authentication failure, try again later'),
   rateLimited: (limit: number, of: 'token' | 'organization' = 'token') =>
     new SmtpReplyError(421, '4.7.0', `Rate limit of ${limit} messages a second for this ${of} exceeded, try again later`),
