@@ -341,6 +341,21 @@ describe('tracking tokens', () => {
     await until(() => eventCount(id), (n) => n === 1);
   });
 
+  it('redirects to a link with non-ASCII characters in its host, path or query in ASCII (a Location header takes no other)', async () => {
+    const id = await send('unicode-links@example.com');
+    const { signer } = ctx.services;
+    for (const [url, location] of [
+      ['https://例え.jp/', 'https://xn--r8jz45g.jp/'],
+      ['https://example.org/café?q=日本#€', 'https://example.org/caf%C3%A9?q=%E6%97%A5%E6%9C%AC#%E2%82%AC'],
+    ] as const) {
+      for (const method of ['GET', 'HEAD'] as const) {
+        const response = await ctx.app.inject({ method, url: `/t/c/${clickToken(signer, id, 0, url)}` });
+        expect(response.statusCode, url).toBe(302);
+        expect(response.headers.location).toBe(location);
+      }
+    }
+  });
+
   it('counts concurrent duplicate hits once: first open, first click and campaign counters', async () => {
     const ids = [await send('a@example.com'), await send('b@example.com')];
     await sql(`insert into campaigns (id, organization_id, name, created_at, updated_at) values ('cmp_test', ?, 'Test', now(), now())`, [organizationId]);

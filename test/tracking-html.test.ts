@@ -63,4 +63,12 @@ describe('finding the links to track', () => {
     expect(out.match(/\/t\/c\//g)).toHaveLength(1);
     expect(out).toMatch(/^<p><a href="https:\/\/m\.test\/t\/c\/[^"]+">one<p>two<\/a>$/);
   });
+
+  it('leaves a link no URL parser takes as it is', () => {
+    const signer = new LinkSigner('a-secret-key-for-the-tracking-html-test-0123');
+    const html = '<a href="https://[::1/x">broken</a> <a href="https://x.test/é">fine</a>';
+    const out = addTracking(html, { emailId: 'eml_1', trackOpens: false, trackClicks: true, publicUrl: 'https://m.test', signer });
+    expect(out).toContain('<a href="https://[::1/x">broken</a>');
+    expect(out.match(/\/t\/c\//g)).toHaveLength(1);
+  });
 });

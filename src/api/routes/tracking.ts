@@ -69,17 +69,28 @@ export async function trackingRoutes(app: App): Promise<void> {
   const clickOf = (token: string) => {
     const read = readClickToken(signer, token);
     if (!read) throw new NotFoundError('This tracking link is not valid');
-    return read;
+    return { ...read, location: asciiLocation(read.url) };
   };
   app.get('/t/c/*', click, async (request, reply) => {
-    const { emailId, url } = clickOf(request.params['*']);
+    const { emailId, url, location } = clickOf(request.params['*']);
     recorder.record({ emailId, type: 'click', at: clock(), ip: request.ip ?? null, userAgent: userAgent(request), url });
-    return reply.header('cache-control', NO_STORE).redirect(url, 302);
+    return reply.header('cache-control', NO_STORE).redirect(location, 302);
   });
   app.head('/t/c/*', click, async (request, reply) => {
-    const { url } = clickOf(request.params['*']);
-    return reply.header('cache-control', NO_STORE).redirect(url, 302);
+    const { location } = clickOf(request.params['*']);
+    return reply.header('cache-control', NO_STORE).redirect(location, 302);
   });
+}
+
+/**
+ * A link as a Location header can carry it: a header is ASCII, so a host in Unicode becomes its
+ * punycode and other non-ASCII characters are percent-encoded, as a browser does with the link
+ * itself (the URL parser's `href`). A link the parser refuses (a token made before links were
+ * checked for it) keeps its ASCII characters and has the others percent-encoded.
+ */
+function asciiLocation(url: string): string {
+  if (URL.canParse(url)) return new URL(url).href;
+  return url.replace(/[^\x00-\x7f]+/gu, (characters) => encodeURIComponent(characters));
 }
 
 const SIGNATURE = /^sha256=([0-9a-f]{64})$/i;

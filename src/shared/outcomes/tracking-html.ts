@@ -274,6 +274,8 @@ function isTrackable(url: string, publicUrl: string): boolean {
   // Whitespace or control characters would not survive a Location header: left as they are.
   if (/[\s\u0000-\u001f\u007f]/.test(url)) return false;
   if (url.includes('{{') || url.includes('%7B%7B')) return false;
+  // A link no browser could open either (`https://[::1/`): the redirect would have nowhere to go.
+  if (!URL.canParse(url)) return false;
   const own = publicUrl.toLowerCase();
   const lower = url.toLowerCase();
   // The service's own links (unsubscribe, tracking, double opt-in confirmation, any page of
