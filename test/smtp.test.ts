@@ -393,7 +393,13 @@ describe('bad input gets its reply and stores nothing', () => {
     // A folded Subject past the API's 998 characters, no line of it over 998.
     const folded = `Subject: ${Array.from({ length: 20 }, () => 's'.repeat(79)).join('\r\n ')}`;
     expect(await submit(`From: a@acme.test\r\n${folded}\r\n\r\nx`)).toMatch(/^554 5\.6\.0 Subject is longer than 998/);
+    // A multipart body without its boundary: no part of it can be found (it was taken, empty).
+    const unbounded = 'From: a@acme.test\r\nSubject: parts\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed\r\n\r\n--x\r\nContent-Type: text/plain\r\n\r\nhi\r\n--x--\r\n';
+    expect(await submit(unbounded)).toMatch(/^554 5\.6\.0 Content-Type multipart\/mixed has no boundary/);
     expect(await counts()).toEqual(before);
+    // An HTML-only message has no text part: text is null, as html is for a text-only one.
+    const htmlOnly = await submit('From: app@acme.test\r\nTo: r@example.com\r\nSubject: html only\r\nContent-Type: text/html; charset=utf-8\r\n\r\n<p>Hello</p>');
+    expect((await api('GET', `/emails/${/eml_[0-9a-z]{26}/.exec(htmlOnly)![0]}`)).json()).toMatchObject({ html: '<p>Hello</p>\n', text: null });
     // No Subject at all: taken, with an empty subject.
     const untitled = await submit('From: app@acme.test\r\nTo: r@example.com\r\n\r\nno subject');
     expect(untitled).toMatch(/^250 2\.0\.0 OK eml_/);

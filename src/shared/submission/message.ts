@@ -213,8 +213,15 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   // over 998. A message without one is taken with an empty subject (RFC 5322 makes it optional).
   const subject = (mail.subject ?? '').replace(/[\r\n]+/g, ' ');
   if (subject.length > MAX_SUBJECT) throw replies.malformed(`Subject is longer than ${MAX_SUBJECT} characters (the API's limit)`);
+  // A multipart body is cut at its boundary: without one no part can be found, and the parser
+  // would give an empty message (RFC 2046 5.1.1 makes the parameter mandatory).
+  const contentType = mail.headers.get('content-type') as { value?: string; params?: Record<string, string> } | undefined;
+  if (contentType?.value?.toLowerCase().startsWith('multipart/') && !contentType.params?.boundary) {
+    throw replies.malformed(`Content-Type ${contentType.value.toLowerCase().slice(0, 100)} has no boundary parameter (RFC 2046 5.1.1)`);
+  }
   const html = typeof mail.html === 'string' ? mail.html : '';
-  const text = mail.text ?? null;
+  // The parser gives an empty text for a message with no text part: null, as html is then.
+  const text = mail.text === '' && html ? null : (mail.text ?? null);
   if (unstorableText(subject) || unstorableText(html) || unstorableText(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
   // As the API's html: tracking parses it, and parsers are not linear in the nesting.
   if (html && nestedTooDeep(html)) throw replies.malformed(`Message HTML is nested deeper than ${MAX_NESTING} elements`);
