@@ -70,6 +70,7 @@ function startBareServer(maxConnections: number, accept: InboundServerOptions['a
     maxMessageBytes: 1024 * 1024,
     maxConnections,
     returnPaths: ctx.services.returnPaths,
+    bounceDomain: ctx.services.config.inbound.bounceDomain,
     logger: ctx.services.logger,
     accept,
   });
@@ -326,6 +327,8 @@ describe('bad input is refused or ignored without effect, and the listener keeps
     // Another email's id with this email's MAC.
     const swapped = `b+${(await send('forged2@example.com')).returnPath.slice(2, 28)}${local.slice(-16)}@bounces.acme.test`;
     expect(await refused(deliver(fixture('postfix-dsn', sent), swapped))).toBe(550);
+    // A valid token at a host that is no return-path host (neither `bounces.…` nor BOUNCE_DOMAIN).
+    for (const host of ['gmail.com', 'localhost', 'acme.test']) expect(await refused(deliver(fixture('postfix-dsn', sent), `${local}@${host}`)), host).toBe(550);
     expect(await storedCount()).toBe(before);
     expect((await getEmail(sent.id)).last_event).toBe('sent');
   });
@@ -434,14 +437,14 @@ describe('bad input is refused or ignored without effect, and the listener keeps
 
       // PostgreSQL refuses the row (a constraint on this host only): 451, nothing stored.
       const refusedOnce = newId('eml');
-      await sql(`alter table inbound_reports add constraint refuse_probe check (rcpt_to not like '%@refuse.example') not valid`);
+      await sql(`alter table inbound_reports add constraint refuse_probe check (rcpt_to not like '%@bounces.refuse.example') not valid`);
       try {
-        expect(await transaction(ctx.services.returnPaths.address(refusedOnce, 'refuse.example'))).toMatch(/^451 4\.3\.0 /);
+        expect(await transaction(ctx.services.returnPaths.address(refusedOnce, 'bounces.refuse.example'))).toMatch(/^451 4\.3\.0 /);
         expect(await stored(refusedOnce)).toBe(0);
       } finally {
         await sql('alter table inbound_reports drop constraint refuse_probe');
       }
-      expect(await transaction(ctx.services.returnPaths.address(refusedOnce, 'refuse.example'))).toMatch(/^250 /);
+      expect(await transaction(ctx.services.returnPaths.address(refusedOnce, 'bounces.refuse.example'))).toMatch(/^250 /);
       expect(await stored(refusedOnce)).toBe(1);
     } finally {
       dialog.close();

@@ -1,6 +1,6 @@
 import type { AddressInfo } from 'node:net';
 import { SMTPServer, type SMTPServerAddress, type SMTPServerSession } from 'smtp-server';
-import type { ReturnPaths } from '../shared/bounces/return-path.js';
+import { isReturnPathHost, type ReturnPaths } from '../shared/bounces/return-path.js';
 import { insertReports, newReportId, type NewReport } from '../shared/bounces/queries.js';
 import type { Services } from '../shared/container.js';
 import type { Logger } from '../shared/logger.js';
@@ -21,6 +21,8 @@ export interface InboundServerOptions {
   maxMessageBytes: number;
   maxConnections: number;
   returnPaths: ReturnPaths;
+  /** BOUNCE_DOMAIN: with `bounces.{domain}`, the only hosts a return path is taken at. */
+  bounceDomain: string;
   logger: Logger;
   /**
    * Takes an accepted message; the SMTP answer waits for it, and a throw is a temporary
@@ -114,7 +116,7 @@ export async function startInboundServer(options: InboundServerOptions): Promise
     onRcptTo(address: SMTPServerAddress, session: SMTPServerSession, callback) {
       if (session.envelope.rcptTo.length >= MAX_RECIPIENTS) return callback(replies.tooManyRecipients(MAX_RECIPIENTS));
       const verified = returnPaths.verify(address.address);
-      if (!verified) {
+      if (!verified || !isReturnPathHost(verified.host, options.bounceDomain)) {
         refused();
         return callback(replies.noSuchRecipient());
       }
@@ -276,6 +278,7 @@ export async function startInbound(services: Services, overrides: Partial<Pick<I
     maxMessageBytes: c.maxMessageBytes,
     maxConnections: c.maxConnections,
     returnPaths: services.returnPaths,
+    bounceDomain: c.bounceDomain,
     logger: services.logger,
     accept: store ? store.accept : overrides.accept!,
     tls,

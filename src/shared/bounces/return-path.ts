@@ -88,3 +88,13 @@ export class ReturnPaths {
 export function returnPathHost(fromDomain: string, ownDomain: boolean, bounceDomain: string): string {
   return ownDomain ? `${RETURN_PATH_LABEL}.${fromDomain.toLowerCase()}` : bounceDomain;
 }
+
+/**
+ * Whether a host can be a return-path host at all: BOUNCE_DOMAIN, or the return-path label of
+ * some domain (`bounces.{domain}`). Which domain is the email's own is known only once the email
+ * is read (the worker checks it); the listener refuses any other host at RCPT.
+ */
+export function isReturnPathHost(host: string, bounceDomain: string): boolean {
+  const lower = host.toLowerCase().replace(/\.$/, '');
+  return lower === bounceDomain.toLowerCase() || (lower.startsWith(`${RETURN_PATH_LABEL}.`) && lower.length > RETURN_PATH_LABEL.length + 1);
+}
