@@ -36,11 +36,41 @@ describe('malformed requests (docs/foundation.md "Errors")', () => {
     ['a truncated object', '{"name": '],
     ['a bare word', 'hello'],
     ['a trailing comma', '{"name": "x",}'],
-    ['a prototype poisoning attempt', '{"name":"x","__proto__":{"admin":true}}'],
   ])('answers 400 invalid_json to %s', async (_label, body) => {
     const res = await postTokens(body, 'application/json');
     expect(res.statusCode).toBe(400);
     expect(res.json()).toEqual({ name: 'invalid_json', message: expect.any(String), statusCode: 400 });
+  });
+
+  it.each([
+    ['a "__proto__" key', '{"name":"x","__proto__":{"admin":true}}'],
+    ['a "constructor" holding "prototype"', '{"name":"x","constructor":{"prototype":{"admin":true}}}'],
+  ])('answers valid JSON with %s (prototype poisoning) 422 validation_error, and creates nothing', async (_label, body) => {
+    const res = await postTokens(body, 'application/json');
+    expect(res.statusCode).toBe(422);
+    expect(res.json()).toEqual({ name: 'validation_error', message: expect.stringContaining('__proto__'), statusCode: 422, details: [{ path: 'body', message: expect.any(String) }] });
+  });
+
+  it('refuses a body nested deeper than 512 levels as a validation error in the status of the route (it overflowed the stack: 500)', async () => {
+    const nested = (depth: number) => `${'{"n":'.repeat(depth)}1${'}'.repeat(depth)}`;
+    // POST /events answers its validation errors 400 (spec 4.17); a deep `data` was a 500.
+    const event = await ctx.app.inject({
+      method: 'POST',
+      url: '/api/v2/events',
+      headers: { ...bearer(token), 'content-type': 'application/json' },
+      payload: `{"eventType":"SUBSCRIBER_PAYMENT","subscriber":"deep@example.com","data":${nested(5_000)}}`,
+    });
+    expect(event.statusCode).toBe(400);
+    expect(event.json()).toMatchObject({ name: 'validation_error', message: 'body: is nested deeper than 512 levels' });
+    // 422 elsewhere; brackets inside strings are not levels, and 511 levels are parsed (the
+    // route then names the unknown field).
+    const campaign = await ctx.app.inject({ method: 'POST', url: '/api/v2/campaigns', headers: { ...bearer(token), 'content-type': 'application/json' }, payload: `{"name":"deep","contentType":"MAILY","content":${nested(600)}}` });
+    expect(campaign.statusCode).toBe(422);
+    expect(campaign.json().message).toBe('body: is nested deeper than 512 levels');
+    const strings = await postTokens(JSON.stringify({ name: '{['.repeat(600) }), 'application/json');
+    expect(strings.json().message).not.toContain('nested');
+    const fits = await postTokens(`{"name":"x","extra":${nested(510)}}`, 'application/json');
+    expect(fits.json()).toMatchObject({ statusCode: 422, details: [{ path: 'extra' }] });
   });
 
   it('takes an empty body declared as JSON as no body: the route answers what it answers without one', async () => {

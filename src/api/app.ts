@@ -8,7 +8,8 @@ import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
 import { dashboard } from './dashboard/index.js';
 import { finishOpenApi } from './openapi.js';
-import { installValidationMessages, singleValuedQuery, strictBody } from './validation.js';
+import { installValidationMessages, jsonNestedDeeperThan, MAX_JSON_DEPTH, singleValuedQuery, strictBody } from './validation.js';
+import { ValidationError } from '../shared/errors.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook } from './plugins/auth.js';
 import { clientErrorHandler, frameworkError, registerErrorHandling } from './plugins/errors.js';
@@ -74,7 +75,19 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
     const text = body.toString();
     if (text === '') return done(null, undefined);
-    return parseJson(request, text, done);
+    // Valid JSON the service will not take is a validation error of the body, in the route's
+    // status (400 on the routes the spec gives it), not `invalid_json`.
+    const refuse = (message: string) => {
+      const status = request.routeOptions.config?.validationStatus ?? 422;
+      done(new ValidationError(`body: ${message}`, [{ path: 'body', message }], status), undefined);
+    };
+    if (jsonNestedDeeperThan(text, MAX_JSON_DEPTH)) return refuse(`is nested deeper than ${MAX_JSON_DEPTH} levels`);
+    return parseJson(request, text, (error, value) => {
+      // Refused by the safe parser, yet JSON: prototype poisoning (a `__proto__` key, or
+      // `constructor` holding `prototype`). The plain parser makes such keys own properties.
+      if (error && isJson(text)) return refuse('a key "__proto__", or "constructor" holding "prototype", is not accepted');
+      done(error, value);
+    });
   });
   app.decorate('services', services);
   app.decorateRequest('caller', null as never);
@@ -169,4 +182,13 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   await app.register(dashboard, { tokenCache });
 
   return app as unknown as App;
+}
+
+function isJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
 }
