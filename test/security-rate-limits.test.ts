@@ -154,3 +154,28 @@ describe('caps per organization', () => {
     expect(Number(row!.n)).toBe(2);
   });
 });
+
+describe('RATE_LIMIT_PER_SECOND with RATE_LIMIT_ORG_PER_SECOND', () => {
+  let small: TestContext;
+  let runaway: string;
+  let sibling: string;
+  beforeAll(async () => {
+    small = await createTestContext({ RATE_LIMIT_PER_SECOND: '2', RATE_LIMIT_ORG_PER_SECOND: String(ORG_LIMIT) });
+    const org = await createOrg(small.services);
+    runaway = org.token;
+    const caller = { organizationId: org.organizationId, tokenId: 'setup', permissions: ['*' as const] };
+    sibling = (await createToken(small.services.orm.em.fork(), small.services.box, caller, { name: 'sibling' })).token;
+  });
+  afterAll(async () => small?.close());
+
+  it('a request refused by its token limit does not spend the organization budget (a throttled token does not lock out its siblings)', async () => {
+    const codes = await withinOneSecond(async () => {
+      const answers = [];
+      for (let i = 0; i < 6; i++) answers.push(await small.app.inject({ url: '/api/v2/tags', headers: bearer(runaway) }));
+      for (let i = 0; i < 2; i++) answers.push(await small.app.inject({ url: '/api/v2/tags', headers: bearer(sibling) }));
+      return answers.map((r) => r.statusCode);
+    });
+    // The runaway token: 2, then its own limit. Its sibling: 2 of the organization's 5 left 3.
+    expect(codes).toEqual([200, 200, 429, 429, 429, 429, 200, 200]);
+  });
+});

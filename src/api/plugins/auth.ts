@@ -58,12 +58,16 @@ export async function limitOrganization(services: Pick<Services, 'orgLimiter'>, 
   if (!decision.allowed) throw limitExceeded(decision, `More than ${decision.limit} requests a second for this organization; retry after ${decision.resetSeconds} s`);
 }
 
-/** onRequest hook of every authenticated scope: token, then rate limits, then permission. */
+/**
+ * onRequest hook of every authenticated scope: token, then rate limits, then permission. The
+ * token's own limit first: a request it refuses does not spend the organization's budget, or
+ * one runaway token, while throttled, would lock out every other token of its organization.
+ */
 export function authHook(services: Services, cache: TokenCache, limiter: WindowRateLimiter) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     request.caller = await authenticate(services, cache, request);
-    if (!organizationLimitPaid(request)) await limitOrganization(services, request.caller);
     await rateLimit(limiter, request.caller, reply);
+    if (!organizationLimitPaid(request)) await limitOrganization(services, request.caller);
     assertRoutePermission(request);
   };
 }
