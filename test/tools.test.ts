@@ -375,6 +375,13 @@ describe('verify_email', () => {
     expect(badId).toMatchObject({ statusCode: 403, body: { name: 'validation_error' } });
     const badList = await runBoth(ctx, clients, narrow, 'list_emails', { after: '' });
     expect(badList).toMatchObject({ statusCode: 403, body: { name: 'validation_error' } });
+    // A body the route itself does not take (arguments not wrapped in `arguments`): the 403 still.
+    const unwrapped = await ctx.app.inject({ method: 'POST', url: '/api/v2/tools/verify_email', headers: bearer(narrow), payload: { email: 'jane@acme.io' } });
+    expect(unwrapped.statusCode).toBe(403);
+    expect(unwrapped.json()).toMatchObject({ name: 'missing_permission' });
+    // With the permission, the same body is the route's 422 naming the field.
+    const allowed = await ctx.app.inject({ method: 'POST', url: '/api/v2/tools/verify_email', headers: bearer(token), payload: { email: 'jane@acme.io' } });
+    expect(allowed.json()).toMatchObject({ statusCode: 422, details: [{ path: 'email' }] });
   });
 });
 

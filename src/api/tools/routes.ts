@@ -1,7 +1,8 @@
 import { z } from 'zod';
 import { list, listEnvelope } from '../schemas.js';
 import type { App } from '../types.js';
-import { tools } from './catalog.js';
+import { holds } from '../../shared/tokens/permissions.js';
+import { findTool, tools } from './catalog.js';
 import { runTool } from './run.js';
 
 const ToolShape = z.object({
@@ -49,6 +50,14 @@ export async function toolRunRoutes(app: App): Promise<void> {
         body: RunBody,
         // Any status and body: the endpoint's, passed through unchanged.
         response: { 200: z.unknown(), '4xx': z.unknown(), '5xx': z.unknown() },
+      },
+      // A caller without the tool's permission gets its endpoint's 403 whatever the body (docs/agents.md:
+      // permission before validation, as on v2), before this route's own body schema is checked.
+      preValidation: async (request, reply) => {
+        const tool = findTool(request.params.name);
+        if (!tool || holds(request.caller.permissions, tool.permission)) return;
+        const result = await runTool(app, request, tool.name, undefined);
+        return reply.code(result.statusCode).headers(result.headers).send(result.body);
       },
     },
     async (request, reply) => {
