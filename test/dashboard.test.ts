@@ -271,7 +271,7 @@ describe('dashboard in Chromium', () => {
     expect(await page.locator('[role=alert]').textContent()).toContain('must be an address at acme.test');
     expect(await rows(`select 1 from senders where email = 'x@mail.acme.test'`)).toEqual([]);
     await page.goto(domainPage);
-    await page.fill('#sender-name', 'Acme News');
+    await page.fill('#sender-name', 'Acme Newsletter and Product Updates Team');
     await page.fill('#sender-email', 'news@acme.test');
     await Promise.all([page.waitForURL(/notice=sender_added/), page.click('form[action$="/senders"] button')]);
     expect(await page.locator('main').textContent()).toContain('news@acme.test');
@@ -283,7 +283,7 @@ describe('dashboard in Chromium', () => {
     await page.goto(`${base}/app/campaigns/new`);
     await page.fill('#name', 'November news');
     await page.fill('#subject', 'What is new');
-    await page.selectOption('#senderId', { label: 'Acme News <news@acme.test>' });
+    await page.selectOption('#senderId', { label: 'Acme Newsletter and Product Updates Team <news@acme.test>' });
     await page.fill('#content', '# Big news\n\nWe shipped **the dashboard**.\n\n[Unsubscribe]({{unsubscribe_url}})');
     const preview = page.frameLocator('#live-preview iframe');
     await expect.poll(async () => preview.locator('h1').textContent().catch(() => null), { timeout: 10_000 }).toBe('Big news');
@@ -379,6 +379,13 @@ describe('dashboard in Chromium', () => {
     await Promise.all([page.waitForURL(/notice=tag_added/), page.click('form[action$="/tags"] button')]);
     expect(await page.locator('ul.tags').textContent()).toContain('speaker');
     await check('subscriber');
+    // A tag of repeated spaces filters by itself (an option without a value sends its text collapsed).
+    await page.fill('#tag', 'big   spender');
+    await Promise.all([page.waitForURL(/notice=tag_added/), page.click('form[action$="/tags"] button')]);
+    await page.goto(`${base}/app/audience`);
+    await page.selectOption('#tag', 'big   spender');
+    await Promise.all([page.waitForURL(/tag=big/), page.click('form[role=search] button')]);
+    expect(await page.locator('main table').textContent()).toContain('ada@example.com');
     await page.goto(`${base}/app/audience`);
     await check('audience');
   });
@@ -555,6 +562,15 @@ describe('dashboard in Chromium', () => {
     expect(await page.locator('[role=status]').textContent()).toContain('session has expired');
     const [org] = await rows('select double_opt_in from organizations where id = ?', [orgA.organizationId]);
     expect(org!.double_opt_in).toBe(false);
+  });
+
+  it('sends an htmx request of an expired session to the sign-in page as a whole (HX-Redirect), not into the panel it updates', async () => {
+    await signIn(page, 'jane@acme.test', PASSWORD);
+    await page.goto(`${base}/app/campaigns/new`);
+    const keys = await ctx.services.redis.keys(`${ctx.env.config.redisPrefix}:dashboard:session:*`);
+    await ctx.services.redis.del(...keys);
+    await Promise.all([page.waitForURL(/\/app\/login\?notice=expired/), page.fill('#content', '# typed after the session ended')]);
+    expect(await page.locator('#live-preview').count()).toBe(0);
   });
 
   it('signs out', async () => {

@@ -45,7 +45,7 @@ fieldset.events .field { margin-bottom: 6px; }
 dl.facts { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 4px 16px; }
 dl.facts dt { font-weight: 600; }
 dl.facts dd { margin: 0; overflow-wrap: anywhere; }
-.split { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+.split { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 16px; }
 iframe.preview { width: 100%; min-height: 28rem; border: 1px solid var(--line); background: #fff; }
 ol.timeline { list-style: none; padding: 0; border-left: 2px solid var(--line); }
 ol.timeline li { padding: 4px 0 4px 12px; overflow-wrap: anywhere; }
@@ -53,7 +53,7 @@ ol.timeline li { padding: 4px 0 4px 12px; overflow-wrap: anywhere; }
 progress, meter { width: 100%; max-width: 32rem; height: 1.25rem; }
 .muted { color: var(--muted); }
 @media (max-width: 700px) {
-  .split { grid-template-columns: 1fr; }
+  .split { grid-template-columns: minmax(0, 1fr); }
   .signout { margin-left: 0; }
   main { padding: 12px; }
   h1 { font-size: 1.35rem; }

@@ -58,9 +58,9 @@ export async function audiencePages(app: App, ctx: DashboardContext): Promise<vo
 <form method="get" action="/app/audience" class="filters" role="search">
   <div class="field"><label for="q">Email or name</label><input id="q" name="q" type="search" value="${q.q ?? ''}"></div>
   <div class="field"><label for="status">Status</label><select id="status" name="status"><option value="">any</option>
-    ${SUBSCRIBER_STATUSES.map((s) => html`<option${s === q.status ? html` selected` : ''}>${s}</option>`)}</select></div>
+    ${SUBSCRIBER_STATUSES.map((s) => html`<option value="${s}"${s === q.status ? html` selected` : ''}>${s}</option>`)}</select></div>
   <div class="field"><label for="tag">Tag</label><select id="tag" name="tag"><option value="">any</option>
-    ${tags.map((t) => html`<option${t.name === q.tag ? html` selected` : ''}>${t.name}</option>`)}</select></div>
+    ${tags.map((t) => html`<option value="${t.name}"${t.name === q.tag ? html` selected` : ''}>${t.name}</option>`)}</select></div>
   <div class="field"><button type="submit">Search</button></div>
 </form>
 ${table('Subscribers', ['Email', 'Name', 'Status', 'Tags', 'Created'], rows)}

@@ -126,7 +126,11 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
     const session = id ? await ctx.sessions.get(id) : null;
     if (!id || !session) {
       // A cookie without a live session: it expired (12 hours idle) or was signed out.
-      return reply.redirect(id ? '/app/login?notice=expired' : '/app/login', 303);
+      const signIn = id ? '/app/login?notice=expired' : '/app/login';
+      // An htmx request would follow a redirect inside its XHR and put the sign-in page in
+      // the panel it updates: htmx sends the whole window there instead (HX-Redirect).
+      if (request.headers['hx-request']) return reply.header('hx-redirect', signIn).header('cache-control', 'no-store').code(200).send('');
+      return reply.redirect(signIn, 303);
     }
     // The session lasts 12 hours without a request (its Redis key is renewed by the read
     // above): the cookie's own lifetime is renewed with it on every page a person loads, or
