@@ -52,6 +52,24 @@ describe('user create and user list (docs/dashboard.md "Getting in")', () => {
     expect(JSON.parse(listed.stdout)).toEqual([user]);
   });
 
+  it('does not echo a password typed at a terminal', async () => {
+    // A terminal of its own (script(1) runs the CLI on a pseudo-terminal), typed into as a person would.
+    const command = `${process.execPath} --import tsx src/cli/main.ts user create --org ${org.organizationId} --email typed@acme.test`;
+    const child = spawn('script', ['-qec', command, '/dev/null'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env }, stdio: ['pipe', 'pipe', 'pipe'] });
+    let shown = '';
+    child.stdout.on('data', (c: Buffer) => (shown += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (shown += c.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
+    await expect.poll(() => shown, { timeout: 30_000 }).toContain('Password');
+    // A typo taken back with Backspace, then Enter.
+    child.stdin.write('typed secret passphraseX\u007f\r');
+    expect(await exited).toBe(0);
+    child.stdin.end();
+    expect(shown).toContain('Created user');
+    expect(shown).not.toContain('secret');
+    expect(await checkPassword(ctx.services.orm.em.fork(), 'typed@acme.test', 'typed secret passphrase')).not.toBeNull();
+  }, 60_000);
+
   it('refuses bad input with one line naming the problem, and creates nothing', async () => {
     const before = await userCount();
     const cases: Array<[string[], string, RegExp]> = [

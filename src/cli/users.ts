@@ -3,8 +3,38 @@ import type { Config } from '../shared/config.js';
 import { createUser, listUsers } from '../shared/users/service.js';
 import type { OperatorCli } from './operator.js';
 
+/**
+ * A password typed at a terminal: read in raw mode, so the terminal does not echo it (it would
+ * stay in the scrollback and in recordings of the session). Enter ends it, Backspace takes back
+ * a character, Ctrl-C gives up.
+ */
+async function readFromTerminal(): Promise<string> {
+  const input = process.stdin;
+  process.stderr.write('Password (not shown; then Enter): ');
+  input.setRawMode(true);
+  input.resume();
+  let password = '';
+  try {
+    return await new Promise<string>((resolve, reject) => {
+      input.on('data', (chunk: Buffer) => {
+        for (const character of chunk.toString('utf8')) {
+          if (character === '\r' || character === '\n' || character === '\u0004') return resolve(password);
+          if (character === '\u0003') return reject(new Error('cancelled: no user created'));
+          if (character === '\u007f' || character === '\b') password = [...password].slice(0, -1).join('');
+          else password += character;
+        }
+      });
+    });
+  } finally {
+    input.removeAllListeners('data');
+    input.setRawMode(false);
+    input.pause();
+    process.stderr.write('\n');
+  }
+}
+
 async function readStdin(): Promise<string> {
-  if (process.stdin.isTTY) process.stderr.write('Password (then Enter, Ctrl-D): ');
+  if (process.stdin.isTTY) return readFromTerminal();
   const chunks: Buffer[] = [];
   for await (const chunk of process.stdin) chunks.push(chunk as Buffer);
   // One trailing newline is the end of the line, not part of the password.
