@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Organization } from '../src/shared/db/entities/index.js';
+import { ensureDatabase } from '../src/shared/db/orm.js';
 import { bearer, createTestContext, type TestContext } from './helpers/context.js';
 import { adminQuery, databaseUrl, dropDatabase } from './helpers/database.js';
 import { ROOT, runCli } from './helpers/process.js';
@@ -175,6 +176,18 @@ describe('migrate', () => {
       expect((await runCli(['migrate'], env)).stderr).toContain('database is up to date');
     } finally {
       await dropDatabase(name);
+    }
+  });
+
+  it('creates a missing database once when several processes start at once (the create that loses the race is no error)', async () => {
+    for (let round = 0; round < 5; round++) {
+      const name = `mailroom_test_cli_${randomBytes(4).toString('hex')}`;
+      try {
+        const created = await Promise.all(Array.from({ length: 4 }, () => ensureDatabase(databaseUrl(name))));
+        expect(created.filter(Boolean)).toHaveLength(1);
+      } finally {
+        await dropDatabase(name);
+      }
     }
   });
 });

@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
 import { closeServices, createServices, type Services } from '../src/shared/container.js';
-import { initOrm } from '../src/shared/db/orm.js';
+import { ensureDatabase, initOrm } from '../src/shared/db/orm.js';
 import { sqlOf, withConnection } from '../src/shared/db/sql.js';
 import { createLogger } from '../src/shared/logger.js';
 import { createRedis, waitForRedis } from '../src/shared/redis.js';
@@ -12,6 +12,7 @@ import type { App } from '../src/api/types.js';
 import { bearer, createOrg, createTestEnv, type TestEnv } from './helpers/context.js';
 import { PGBOUNCER, startPgBouncer, type PgBouncer } from './helpers/pgbouncer.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
+import { runCli } from './helpers/process.js';
 import { until } from './helpers/until.js';
 
 /**
@@ -101,6 +102,22 @@ describe('PostgreSQL through PgBouncer in transaction mode (DATABASE_PREPARED_ST
       expect(await preparedInOrmTransaction(orm.em)).toContain('mailroom_test_orm_probe');
     } finally {
       await orm.close();
+    }
+  });
+});
+
+describe('migrate through a PgBouncer that serves only the application database', () => {
+  it('finds the database there and applies the migrations, without the postgres database it does not serve', async () => {
+    const name = new URL(env.config.databaseUrl).pathname.slice(1);
+    const only = await startPgBouncer({ serverConnections: 2, databases: [name] });
+    try {
+      const url = only.through(env.config.databaseUrl);
+      expect(await ensureDatabase(url)).toBe(false);
+      const run = await runCli(['migrate'], { ...env.env, DATABASE_URL: url, DATABASE_PREPARED_STATEMENTS: 'false' });
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stderr).toContain('database is up to date');
+    } finally {
+      await only.stop();
     }
   });
 });

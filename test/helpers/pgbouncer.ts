@@ -18,7 +18,7 @@ export interface PgBouncer {
  * transaction pooling mode with `serverConnections` server connections per database (few, so
  * that client sessions keep moving between them).
  */
-export async function startPgBouncer(options: { serverConnections: number }): Promise<PgBouncer> {
+export async function startPgBouncer(options: { serverConnections: number; /** Only these databases (as a pooler of one application lists them); every one by default. */ databases?: string[] }): Promise<PgBouncer> {
   const dir = await mkdtemp(join(tmpdir(), 'mailroom-pgbouncer-'));
   // PgBouncer refuses to run as root: it runs as the postgres user, which must read these.
   await chmod(dir, 0o755);
@@ -28,7 +28,7 @@ export async function startPgBouncer(options: { serverConnections: number }): Pr
     join(dir, 'pgbouncer.ini'),
     [
       '[databases]',
-      '* = host=127.0.0.1 port=5432',
+      ...(options.databases ? options.databases.map((name) => `${name} = host=127.0.0.1 port=5432 dbname=${name}`) : ['* = host=127.0.0.1 port=5432']),
       '[pgbouncer]',
       'listen_addr = 127.0.0.1',
       `listen_port = ${port}`,

@@ -96,11 +96,32 @@ export async function migrate(orm: Orm): Promise<string[]> {
   }
 }
 
-/** Creates the database named in the URL when it does not exist (npm start on a fresh machine). */
+/** Whether the database of the URL takes a connection (false only when it does not exist). */
+async function databaseExists(databaseUrl: string): Promise<boolean> {
+  const client = new pg.Client({ connectionString: databaseUrl, connectionTimeoutMillis: CONNECT_TIMEOUT_MS });
+  try {
+    await client.connect();
+    return true;
+  } catch (error) {
+    // 3D000 invalid_catalog_name: PostgreSQL has no such database. Anything else (down,
+    // refused, a pooler that lists no such database) is for the caller to see below.
+    if ((error as { code?: string }).code === '3D000') return false;
+    throw error;
+  } finally {
+    await client.end().catch(() => {});
+  }
+}
+
+/**
+ * Creates the database named in the URL when it does not exist (npm start on a fresh machine).
+ * The database itself is tried first: only a missing one needs the `postgres` database, which a
+ * pooler (PgBouncer lists the databases it serves) or a managed role may not reach.
+ */
 export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
   const url = new URL(databaseUrl);
   const name = decodeURIComponent(url.pathname.replace(/^\//, ''));
   if (!name) throw new Error('DATABASE_URL names no database');
+  if (await databaseExists(databaseUrl)) return false;
   const admin = new URL(databaseUrl);
   admin.pathname = '/postgres';
   const client = new pg.Client({ connectionString: admin.toString(), connectionTimeoutMillis: CONNECT_TIMEOUT_MS });
@@ -111,8 +132,10 @@ export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
     try {
       await client.query(`create database "${name.replace(/"/g, '""')}"`);
     } catch (error) {
-      // Another process created it at the same moment.
-      if ((error as { code?: string }).code !== '42P04') throw error;
+      // Another process created it at the same moment: 42P04 duplicate_database, or 23505
+      // unique_violation when both inserts into pg_database raced.
+      const code = (error as { code?: string }).code;
+      if (code !== '42P04' && code !== '23505') throw error;
       return false;
     }
     return true;
