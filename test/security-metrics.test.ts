@@ -27,6 +27,14 @@ describe('GET /metrics without ADMIN_PASSWORD', () => {
       expect(res.body).toContain('mailroom_http_requests_total');
     }
   });
+
+  it('is refused to a loopback peer that forwards another client (a reverse proxy on this host)', async () => {
+    for (const headers of [{ 'x-forwarded-for': '203.0.113.9' }, { forwarded: 'for=203.0.113.9' }, { 'x-real-ip': '203.0.113.9' }]) {
+      const res = await ctx.app.inject({ url: '/metrics', remoteAddress: '127.0.0.1', headers });
+      expect(res.statusCode, Object.keys(headers)[0]).toBe(403);
+      expect(res.body).not.toContain('mailroom_');
+    }
+  });
 });
 
 describe('concurrent scrapes', () => {

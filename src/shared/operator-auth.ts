@@ -35,13 +35,27 @@ export function isLoopback(address: string | undefined): boolean {
 }
 
 /**
- * Who may read /metrics (API and worker): with ADMIN_PASSWORD, the operator's basic auth;
- * without it, only this host (a scraper on the same machine), since the API port is the
- * public one and the figures are the operator's business.
+ * Whether a request came through a proxy (it names the client it forwards): a reverse proxy or
+ * load balancer on this host connects from loopback on behalf of anyone.
  */
-export function metricsAccess(config: { adminPassword?: string }, peer: string | undefined, authorization: string | undefined): 'ok' | 'credentials' | 'local-only' {
-  if (config.adminPassword) return isOperator(authorization, config.adminPassword) ? 'ok' : 'credentials';
-  return isLoopback(peer) ? 'ok' : 'local-only';
+export function forwardedByProxy(headers: Record<string, string | string[] | undefined>): boolean {
+  return headers['x-forwarded-for'] !== undefined || headers.forwarded !== undefined || headers['x-real-ip'] !== undefined;
 }
 
-export const METRICS_LOCAL_ONLY = 'GET /metrics is answered to this host only while ADMIN_PASSWORD is unset; set ADMIN_PASSWORD to scrape from elsewhere';
+/**
+ * Who may read /metrics (API and worker): with ADMIN_PASSWORD, the operator's basic auth;
+ * without it, only this host (a scraper on the same machine, not a client a proxy on it
+ * forwards), since the API port is the public one and the figures are the operator's business.
+ */
+export function metricsAccess(
+  config: { adminPassword?: string },
+  peer: string | undefined,
+  authorization: string | undefined,
+  proxied: boolean,
+): 'ok' | 'credentials' | 'local-only' {
+  if (config.adminPassword) return isOperator(authorization, config.adminPassword) ? 'ok' : 'credentials';
+  return isLoopback(peer) && !proxied ? 'ok' : 'local-only';
+}
+
+export const METRICS_LOCAL_ONLY =
+  'GET /metrics is answered to this host only while ADMIN_PASSWORD is unset (not through a proxy: X-Forwarded-For, Forwarded or X-Real-IP); set ADMIN_PASSWORD to scrape from elsewhere';
