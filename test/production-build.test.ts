@@ -21,7 +21,7 @@ function tree(pid: number): string[] {
 }
 
 describe('npm start runs the compiled build (README.md "Running in production")', () => {
-  it('`ps` of `npm start` shows node dist/main.js and no tsx', { timeout: 90_000 }, async () => {
+  it('`ps` of `npm start` shows node dist/main.js and no tsx; SIGTERM to npm alone stops it gracefully', { timeout: 90_000 }, async () => {
     // Build is fresh: the test run's global setup ran scripts/ensure-build.mjs.
     const child = spawn('npm', ['start'], {
       cwd: ROOT,
@@ -43,13 +43,23 @@ describe('npm start runs the compiled build (README.md "Running in production")'
       expect(commands.filter((c) => c.includes('tsx'))).toEqual([]);
       const base = /mailroom is running on (http:\/\/127\.0\.0\.1:\d+)/.exec(output)![1];
       expect((await fetch(`${base}/healthz`)).status).toBe(200);
+      // SIGTERM to npm alone (a plain `kill`, systemd's KillMode=process) reaches node: it stops
+      // gracefully and npm exits with its code, leaving no node behind.
+      const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+      process.kill(child.pid!, 'SIGTERM');
+      expect(await exited).toBe(0);
+      expect(output).toMatch(/stopped/);
+      await expect.poll(() => fetch(`${base}/healthz`).then(() => 'listening', () => 'gone'), { timeout: 10_000 }).toBe('gone');
     } finally {
-      try {
-        process.kill(-child.pid!, 'SIGTERM');
-      } catch {
-        // already gone
+      if (child.exitCode === null && child.signalCode === null) {
+        const gone = new Promise((resolve) => child.once('exit', resolve));
+        try {
+          process.kill(-child.pid!, 'SIGTERM');
+        } catch {
+          // already gone
+        }
+        await gone;
       }
-      await new Promise((resolve) => child.once('exit', resolve));
     }
   });
 
@@ -60,11 +70,11 @@ describe('npm start runs the compiled build (README.md "Running in production")'
     expect(sources).toContain(`${ROOT}src/cli/main.ts`);
     expect(sources.length).toBeGreaterThan(100);
     expect(JSON.parse(readFileSync(`${ROOT}package.json`, 'utf8')).scripts).toMatchObject({
-      start: 'node dist/main.js',
-      'start:api': 'node dist/api/server.js',
-      'start:worker': 'node dist/workers/main.js',
-      'start:inbound': 'node dist/inbound/main.js',
-      'start:smtp': 'node dist/smtp/main.js',
+      start: 'exec node dist/main.js',
+      'start:api': 'exec node dist/api/server.js',
+      'start:worker': 'exec node dist/workers/main.js',
+      'start:inbound': 'exec node dist/inbound/main.js',
+      'start:smtp': 'exec node dist/smtp/main.js',
     });
   });
 
