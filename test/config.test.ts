@@ -225,6 +225,11 @@ describe('an invalid variable is named', () => {
     ['PORT', '70000'],
     ['PORT', '-1'],
     ['PORT', '80.5'],
+    // Number() would take these (port 16, port 1000): typos, not ports.
+    ['PORT', '0x10'],
+    ['PORT', '1e3'],
+    ['RATE_LIMIT_PER_SECOND', '1e2'],
+    ['INBOUND_SMTP_PORT', '0b11'],
     ['PUBLIC_URL', 'not a url'],
     ['PUBLIC_URL', 'ftp://example.com'],
     ['SECRET_KEY', 'too-short'],

@@ -11,7 +11,14 @@ const booleanish = z
   .enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off'])
   .transform((v) => ['true', '1', 'yes', 'on'].includes(v));
 
-const optionalPositiveInt = z.coerce.number().int().positive().optional();
+/**
+ * An integer variable in decimal digits, then `refine`d (min, max): Number() alone would take
+ * `0x10` or `1e3`, almost certainly typos, silently (contract 2: an invalid value stops start-up).
+ */
+const integer = (refine: (n: z.ZodNumber) => z.ZodNumber) =>
+  z.preprocess((v) => (typeof v === 'string' && /^\s*-?\d+\s*$/.test(v) ? Number(v) : v), refine(z.number({ error: 'must be a whole number in decimal digits' }).int()));
+
+const optionalPositiveInt = integer((n) => n.positive()).optional();
 
 // Checked as a whole URL (a port that is not a number, say): one that passes the scheme check
 // and fails later would stop start-up with a stack trace holding its password. The message
@@ -57,7 +64,7 @@ const envSchema = z
       .regex(/^[A-Za-z0-9_-]{1,64}$/, 'letters, digits, _ and - only')
       .default('mailroom'),
     HOST: z.string().min(1).default('127.0.0.1'),
-    PORT: z.coerce.number().int().min(0).max(65535).default(3000),
+    PORT: integer((n) => n.min(0).max(65535)).default(3000),
     // Default: http://localhost:{PORT}, so links follow the port.
     PUBLIC_URL: z.url({ protocol: /^https?$/ }).optional(),
     SECRET_KEY: z.string().min(32, 'must be at least 32 characters').optional(),
@@ -79,9 +86,9 @@ const envSchema = z
         }
         return servers;
       }),
-    VERIFY_MONTHLY_QUOTA: z.coerce.number().int().min(0).default(1000),
+    VERIFY_MONTHLY_QUOTA: integer((n) => n.min(0)).default(1000),
     // Campaign fan-out: subscribers read, and email rows written, per statement (page).
-    CAMPAIGN_FANOUT_PAGE: z.coerce.number().int().min(1).max(5000).default(5000),
+    CAMPAIGN_FANOUT_PAGE: integer((n) => n.min(1).max(5000)).default(5000),
     // Operator blocklist of verification: comma-separated domains (and their subdomains)
     // answered `spam_domain`.
     VERIFY_BLOCKED_DOMAINS: z
@@ -96,13 +103,13 @@ const envSchema = z
         }
         return domains;
       }),
-    RATE_LIMIT_PER_SECOND: z.coerce.number().int().positive().default(50),
+    RATE_LIMIT_PER_SECOND: integer((n) => n.positive()).default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
-    SMTP_MAX_CONNECTIONS: z.coerce.number().int().min(1).max(1000).default(16),
+    SMTP_MAX_CONNECTIONS: integer((n) => n.min(1).max(1000)).default(16),
     // V8's heap growth between major collections (docs/operations.md "Memory"); 0: V8's own.
-    HEAP_GROWING_PERCENT: z.coerce.number().int().min(0).max(1000).default(100),
+    HEAP_GROWING_PERCENT: integer((n) => n.min(0).max(1000)).default(100),
     EMAIL_RECONCILE_EVERY_MS: optionalPositiveInt,
-    EMAIL_RECONCILE_GRACE_MS: z.coerce.number().int().min(0).optional(),
+    EMAIL_RECONCILE_GRACE_MS: integer((n) => n.min(0)).optional(),
     WORKER_QUEUES: z
       .string()
       .optional()
@@ -116,7 +123,7 @@ const envSchema = z
         }
         return queues;
       }),
-    WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+    WORKER_METRICS_PORT: integer((n) => n.min(0).max(65535)).optional(),
     PROVIDER_WEBHOOK_SECRET: z.string().min(1).optional(),
     // The providers' own webhooks (docs/outcomes.md). Each provider's endpoint answers 404
     // until its secret is set; SES is on by default (its SNS signature is the proof), and
@@ -150,29 +157,29 @@ const envSchema = z
     LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
     // SMTP submission (docs/smtp.md): the listener, its TLS and its size limit.
     SMTP_SUBMISSION_HOST: z.string().min(1).default('127.0.0.1'),
-    SMTP_SUBMISSION_PORT: z.coerce.number().int().min(0).max(65535).default(2587),
-    SMTP_SUBMISSION_TLS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+    SMTP_SUBMISSION_PORT: integer((n) => n.min(0).max(65535)).default(2587),
+    SMTP_SUBMISSION_TLS_PORT: integer((n) => n.min(0).max(65535)).optional(),
     SMTP_TLS_CERT_FILE: z.string().min(1).optional(),
     SMTP_TLS_KEY_FILE: z.string().min(1).optional(),
-    SMTP_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).max(1024 * 1024 * 1024).default(10 * 1024 * 1024),
+    SMTP_MAX_MESSAGE_BYTES: integer((n) => n.min(1024).max(1024 * 1024 * 1024)).default(10 * 1024 * 1024),
     // Security hardening (docs/security.md): limits per organization, whatever its tokens.
     // Requests a second per organization, every token and interface together; unset: 4 x RATE_LIMIT_PER_SECOND.
     RATE_LIMIT_ORG_PER_SECOND: optionalPositiveInt,
-    MAX_TOKENS_PER_ORGANIZATION: z.coerce.number().int().positive().default(50),
-    MAX_DOMAINS_PER_ORGANIZATION: z.coerce.number().int().positive().default(20),
-    TEST_SENDS_PER_HOUR: z.coerce.number().int().min(0).default(20),
+    MAX_TOKENS_PER_ORGANIZATION: integer((n) => n.positive()).default(50),
+    MAX_DOMAINS_PER_ORGANIZATION: integer((n) => n.positive()).default(20),
+    TEST_SENDS_PER_HOUR: integer((n) => n.min(0)).default(20),
     // Where the generated SECRET_KEY of a non-production install is kept (created 0600 on first start).
     SECRET_KEY_FILE: z.string().min(1).default('./data/secret-key'),
     // Bounces and complaints by mail (docs/outcomes.md): the inbound SMTP listener and the
     // return-path host of mail from domains an organization does not own (default: the host
     // of PUBLIC_URL).
     INBOUND_SMTP_HOST: z.string().min(1).default('127.0.0.1'),
-    INBOUND_SMTP_PORT: z.coerce.number().int().min(0).max(65535).default(2525),
+    INBOUND_SMTP_PORT: integer((n) => n.min(0).max(65535)).default(2525),
     // At most 50 MiB: a report is stored once per recipient (up to 10) in one statement, which
     // PostgreSQL caps at 1 GB; a bigger one would be answered 451 at every try and never stored.
-    INBOUND_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).max(50 * 1024 * 1024, 'at most 52428800 (50 MiB)').default(10 * 1024 * 1024),
+    INBOUND_MAX_MESSAGE_BYTES: integer((n) => n.min(1024).max(50 * 1024 * 1024, 'at most 52428800 (50 MiB)')).default(10 * 1024 * 1024),
     // A message is held in memory until stored: connections x size bounds the memory used.
-    INBOUND_MAX_CONNECTIONS: z.coerce.number().int().positive().default(50),
+    INBOUND_MAX_CONNECTIONS: integer((n) => n.positive()).default(50),
     // PEM paths: with both, the inbound listener offers STARTTLS; without, it does not.
     INBOUND_TLS_KEY: z.string().min(1).optional(),
     INBOUND_TLS_CERT: z.string().min(1).optional(),
@@ -185,7 +192,7 @@ const envSchema = z
     WEBHOOK_ALLOW_PRIVATE_URLS: booleanish.optional(),
     // Operator essentials: retention of old rows (purge-expired) and the From address of the
     // service's own mail (double opt-in confirmations of an organization without a sender).
-    EMAIL_RETENTION_DAYS: z.coerce.number().int().min(1, 'must be at least 1 (days)').max(36_500).default(30),
+    EMAIL_RETENTION_DAYS: integer((n) => n.min(1, 'must be at least 1 (days)').max(36_500)).default(30),
     SYSTEM_FROM: z
       .string()
       .trim()
