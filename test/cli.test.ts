@@ -8,7 +8,7 @@ import { Organization } from '../src/shared/db/entities/index.js';
 import { ensureDatabase } from '../src/shared/db/orm.js';
 import { bearer, createTestContext, type TestContext } from './helpers/context.js';
 import { adminQuery, databaseUrl, dropDatabase } from './helpers/database.js';
-import { ROOT, runCli } from './helpers/process.js';
+import { closedPort, ROOT, runCli } from './helpers/process.js';
 
 let ctx: TestContext;
 
@@ -103,7 +103,9 @@ describe('bad usage exits non-zero with a message', () => {
     [['org', 'update', 'org_x', '--name', '  '], '--name'],
     [['org', 'update', 'org_x', '--name', 'x'.repeat(101)], '--name'],
     [['migrate', 'now'], 'migrate takes no arguments'],
-    [['org', 'delete', 'org_x'], 'unknown command'],
+    [['org', 'delete', 'org_x'], 'org needs one of: create, update, list (not "delete")'],
+    [['org'], 'org needs one of: create, update, list'],
+    [['frobnicate'], 'unknown command: frobnicate'],
   ] as const)('%s', async ([args, mention]) => {
     const { code, stdout, stderr } = await cli(...args);
     expect(code).toBe(2);
@@ -112,10 +114,20 @@ describe('bad usage exits non-zero with a message', () => {
     expect(stdout).toBe('');
   });
 
-  it('prints the usage with no command', async () => {
-    const { code, stdout } = await cli();
-    expect(code).toBe(0);
-    expect(stdout).toContain('org create --name NAME');
+  it('prints the usage with no command, -h, or --help after a command', async () => {
+    for (const args of [[], ['-h'], ['org', 'create', '--help']]) {
+      const { code, stdout } = await cli(...args);
+      expect(code, args.join(' ')).toBe(0);
+      expect(stdout).toContain('org create --name NAME');
+    }
+  });
+
+  it('says in one line that the database cannot be reached, without a stack trace', async () => {
+    const url = new URL(ctx.env.env.DATABASE_URL!);
+    url.port = String(await closedPort());
+    const { code, stderr } = await runCli(['org', 'list'], { ...ctx.env.env, DATABASE_URL: url.toString() });
+    expect(code).toBe(1);
+    expect(stderr.trim().split('\n')).toEqual([expect.stringMatching(/^mailroom: cannot reach PostgreSQL or Redis \(.*ECONNREFUSED.*\); nothing was changed$/)]);
   });
 });
 

@@ -4,6 +4,7 @@ import { ConfigError, loadConfig, type Config } from '../shared/config.js';
 import { resolveSecretKey } from '../shared/secret-key.js';
 import { SecretBox } from '../shared/crypto.js';
 import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js';
+import { isDependencyDown } from '../shared/dependency-errors.js';
 import { AppError } from '../shared/errors.js';
 import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
 import { orgList, tokenList, tokenRevoke, type OperatorCli } from './operator.js';
@@ -231,8 +232,9 @@ const KEYLESS: readonly string[] = ['migrate', 'verify'];
 
 export async function main(argv: string[]): Promise<number> {
   const [command, sub, ...rest] = argv;
-  // Help and an unknown command read no configuration and write nothing (no key file made for them).
-  if (!command || command === 'help' || command === '--help') {
+  // Help and an unknown command read no configuration and write nothing (no key file made for
+  // them). `--help` after a command (`org create --help`) is help too.
+  if (!command || command === 'help' || command === '-h' || argv.includes('--help')) {
     process.stdout.write(USAGE);
     return 0;
   }
@@ -242,7 +244,12 @@ export async function main(argv: string[]): Promise<number> {
   const oneWord = twoWords ? undefined : lookup(command);
   const run = twoWords ? (config: Config) => twoWords(config, rest) : oneWord ? (config: Config) => oneWord(config, argv.slice(1)) : undefined;
   if (!run) {
-    process.stderr.write(`mailroom: unknown command: ${argv.join(' ')}\n\n${USAGE}`);
+    // The first word of commands (`org`), without one of its second words.
+    const subcommands = Object.keys(COMMANDS)
+      .filter((words) => words.startsWith(`${command} `))
+      .map((words) => words.slice(command.length + 1));
+    const problem = subcommands.length > 0 ? `${command} needs one of: ${subcommands.join(', ')}${sub === undefined ? '' : ` (not "${sub}")`}` : `unknown command: ${argv.join(' ')}`;
+    process.stderr.write(`mailroom: ${problem}\n\n${USAGE}`);
     return 2;
   }
   let config: Config;
@@ -275,6 +282,11 @@ export async function main(argv: string[]): Promise<number> {
     }
     if (error instanceof AppError) {
       process.stderr.write(`mailroom: ${error.message}\n`);
+      return 1;
+    }
+    // PostgreSQL or Redis unreachable: one line, not a stack trace (nothing was done).
+    if (isDependencyDown(error)) {
+      process.stderr.write(`mailroom: cannot reach PostgreSQL or Redis (${(error as Error).message}); nothing was changed\n`);
       return 1;
     }
     pino({ level: 'error' }, destination(2)).error({ err: error }, 'command failed');
