@@ -289,6 +289,11 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     const refused = await api('POST', `/campaigns/${deep.id}/send`, {});
     expect(refused.statusCode).toBe(400);
     expect(refused.json().details).toEqual([{ path: 'content', message: 'is nested deeper than 1000 elements' }]);
+    // Block quotes nested past what the markdown parser takes in time and memory.
+    const quoted = await createCampaign({ content: `${'>'.repeat(101)} [Unsubscribe]({{unsubscribe_url}})` });
+    const tooDeep = await api('POST', `/campaigns/${quoted.id}/send`, {});
+    expect(tooDeep.statusCode).toBe(400);
+    expect(tooDeep.json().details).toEqual([{ path: 'content', message: 'markdown is nested deeper than 100 levels (block quotes and lists)' }]);
     // An offset beyond RFC 3339's bounds would move the send by days.
     for (const scheduledAt of ['2030-07-15T09:00:00+99:99', '2030-07-15T09:00:00+24:00', '2030-07-15T09:00-0560']) expect(await path({ scheduledAt })).toBe('scheduledAt');
     expect(await path({ timezone: 'Mars/Olympus' })).toBe('timezone');
