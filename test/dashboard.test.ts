@@ -261,6 +261,8 @@ describe('dashboard in Chromium', () => {
     const [stored] = await rows(`select dns_records from domains where organization_id = ?`, [orgA.organizationId]);
     const record = (stored!.dns_records as Array<{ purpose: string; value: string }>).find((r) => r.purpose === 'dkim')!;
     expect(await dkim.locator('button[data-copy]').nth(1).getAttribute('data-copy')).toBe(record.value);
+    // What to do next, in the dashboard's own terms (its button, not an API call).
+    expect(await page.locator('dl.facts').textContent()).toContain('then choose "Verify now"');
     await check('domain');
     // This domain's form takes this domain's addresses only.
     const domainPage = page.url();

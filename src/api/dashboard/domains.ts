@@ -1,6 +1,6 @@
 import { announceDomainChange } from '../../shared/domains/dkim.js';
 import { createSender, listSenders } from '../../shared/domains/senders.js';
-import { createDomain, findDomain, listDomains, mailHostOf, verifyDomain } from '../../shared/domains/service.js';
+import { createDomain, findDomain, listDomains, mailHostOf, NOT_STARTED_MESSAGE, verifyDomain } from '../../shared/domains/service.js';
 import { CreateDomainBody, CreateSenderBody } from '../routes/domains.js';
 import type { App } from '../types.js';
 import { formOf, noticeOf, optional, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
@@ -56,7 +56,7 @@ ${table('Domains', ['Domain', 'Status', 'Senders', 'Added'], rows)}`;
     );
     const body = html`<dl class="facts">
   <dt>Status</dt><dd><span class="badge ${d.status}">${d.status}</span></dd>
-  ${when(d.status !== 'VERIFIED' && d.message, () => html`<dt>What is missing</dt><dd>${d.message}</dd>`)}
+  ${when(d.status !== 'VERIFIED' && d.message, () => html`<dt>What is missing</dt><dd>${d.message === NOT_STARTED_MESSAGE ? 'Publish the DNS records below, then choose "Verify now".' : d.message}</dd>`)}
   <dt>Region</dt><dd>${d.region}</dd>
 </dl>
 <h2>DNS records to publish</h2>
