@@ -21,7 +21,8 @@ function tree(pid: number): string[] {
 }
 
 describe('npm start runs the compiled build (README.md "Running in production")', () => {
-  it('`ps` of `npm start` shows node dist/main.js and no tsx; SIGTERM to npm alone stops it gracefully', { timeout: 90_000 }, async () => {
+  /** `npm start`, once it says it is running: the child (npm, leader of its process group), its output and its address. */
+  async function npmStart() {
     // Build is fresh: the test run's global setup ran scripts/ensure-build.mjs.
     const child = spawn('npm', ['start'], {
       cwd: ROOT,
@@ -29,37 +30,59 @@ describe('npm start runs the compiled build (README.md "Running in production")'
       stdio: ['ignore', 'pipe', 'pipe'],
       detached: true,
     });
-    let output = '';
-    child.stdout.on('data', (c: Buffer) => (output += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (output += c.toString()));
+    const run = { child, output: '', base: '', exited: new Promise<number | null>((resolve) => child.once('exit', resolve)) };
+    child.stdout.on('data', (c: Buffer) => (run.output += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (run.output += c.toString()));
+    const started = Date.now();
+    while (!/mailroom is running on http:\/\/127\.0\.0\.1:\d+/.test(run.output)) {
+      if (Date.now() - started > 80_000 || child.exitCode !== null) throw new Error(`did not start:\n${run.output}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    run.base = /mailroom is running on (http:\/\/127\.0\.0\.1:\d+)/.exec(run.output)![1]!;
+    return run;
+  }
+
+  /** Stops what a failed test left running (the whole process group). */
+  async function cleanUp(run: Awaited<ReturnType<typeof npmStart>> | undefined) {
+    if (!run || run.child.exitCode !== null || run.child.signalCode !== null) return;
     try {
-      const started = Date.now();
-      while (!/mailroom is running on http:\/\/127\.0\.0\.1:\d+/.test(output)) {
-        if (Date.now() - started > 80_000) throw new Error(`did not start:\n${output}`);
-        await new Promise((r) => setTimeout(r, 100));
-      }
-      const commands = tree(child.pid!);
+      process.kill(-run.child.pid!, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    await run.exited;
+  }
+
+  it('`ps` of `npm start` shows node dist/main.js and no tsx; SIGTERM to npm alone stops it gracefully', { timeout: 90_000 }, async () => {
+    let run: Awaited<ReturnType<typeof npmStart>> | undefined;
+    try {
+      run = await npmStart();
+      const commands = tree(run.child.pid!);
       expect(commands.some((c) => /node(\S*)? dist\/main\.js$/.test(c)), commands.join('\n')).toBe(true);
       expect(commands.filter((c) => c.includes('tsx'))).toEqual([]);
-      const base = /mailroom is running on (http:\/\/127\.0\.0\.1:\d+)/.exec(output)![1];
-      expect((await fetch(`${base}/healthz`)).status).toBe(200);
+      expect((await fetch(`${run.base}/healthz`)).status).toBe(200);
       // SIGTERM to npm alone (a plain `kill`, systemd's KillMode=process) reaches node: it stops
       // gracefully and npm exits with its code, leaving no node behind.
-      const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
-      process.kill(child.pid!, 'SIGTERM');
-      expect(await exited).toBe(0);
-      expect(output).toMatch(/stopped/);
+      process.kill(run.child.pid!, 'SIGTERM');
+      expect(await run.exited).toBe(0);
+      expect(run.output).toMatch(/stopped/);
+      const base = run.base;
       await expect.poll(() => fetch(`${base}/healthz`).then(() => 'listening', () => 'gone'), { timeout: 10_000 }).toBe('gone');
     } finally {
-      if (child.exitCode === null && child.signalCode === null) {
-        const gone = new Promise((resolve) => child.once('exit', resolve));
-        try {
-          process.kill(-child.pid!, 'SIGTERM');
-        } catch {
-          // already gone
-        }
-        await gone;
-      }
+      await cleanUp(run);
+    }
+  });
+
+  it('SIGTERM to the process group (Ctrl-C, Heroku, systemd) stops it gracefully too: node gets it twice, from the kernel and from npm', { timeout: 90_000 }, async () => {
+    let run: Awaited<ReturnType<typeof npmStart>> | undefined;
+    try {
+      run = await npmStart();
+      process.kill(-run.child.pid!, 'SIGTERM');
+      expect(await run.exited).toBe(0);
+      expect(run.output).toMatch(/stopped/);
+      expect(run.output).not.toMatch(/second signal/);
+    } finally {
+      await cleanUp(run);
     }
   });
 

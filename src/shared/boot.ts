@@ -86,11 +86,15 @@ function exitOnUncaught(error: Error): void {
  * PostgreSQL or Redis that is gone): what it leaves behind is what a killed process leaves,
  * which the reconcilers recover (docs/operations.md "Killing a process").
  */
+// A repeat of the first signal within this long is the same signal delivered twice (handleShutdown).
+const REPEAT_MS = 1_000;
+
 export function handleShutdown(logger: Logger, options: { deadlineMs?: number } = {}): Shutdown {
   exitOnStartupError();
   const deadlineMs = options.deadlineMs ?? SHUTDOWN_DEADLINE_MS;
   let stopping = false;
   let requested: NodeJS.Signals | undefined;
+  let first: { signal: NodeJS.Signals; at: number } | undefined;
   let stopFn: (() => Promise<void>) | undefined;
   const run = (signal: NodeJS.Signals, stop: () => Promise<void>) => {
     stopping = true;
@@ -108,9 +112,14 @@ export function handleShutdown(logger: Logger, options: { deadlineMs?: number } 
   };
   const handler = (signal: NodeJS.Signals) => {
     if (stopping || requested) {
+      // The same signal again at once is one signal delivered twice, not a person insisting:
+      // `npm start` execs node, so a signal to the process group reaches node from the kernel
+      // and again from npm, which passes its own on.
+      if (first && first.signal === signal && performance.now() - first.at < REPEAT_MS) return;
       logger.warn({ signal }, 'second signal: exiting now');
       process.exit(1);
     }
+    first = { signal, at: performance.now() };
     // From the first signal, whether the process has finished starting or not (one that
     // waits for Redis may never finish).
     setTimeout(() => {
