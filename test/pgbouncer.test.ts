@@ -1,3 +1,4 @@
+import pg from 'pg';
 import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
@@ -10,6 +11,7 @@ import { emailSendProcessor } from '../src/workers/emails.js';
 import { startWorkers, type RunningWorkers } from '../src/workers/runner.js';
 import type { App } from '../src/api/types.js';
 import { bearer, createOrg, createTestEnv, type TestEnv } from './helpers/context.js';
+import { dropDatabase } from './helpers/database.js';
 import { PGBOUNCER, startPgBouncer, type PgBouncer } from './helpers/pgbouncer.js';
 import { startSmtpSink, type SmtpSink } from './helpers/smtp-sink.js';
 import { runCli } from './helpers/process.js';
@@ -102,6 +104,24 @@ describe('PostgreSQL through PgBouncer in transaction mode (DATABASE_PREPARED_ST
       expect(await preparedInOrmTransaction(orm.em)).toContain('mailroom_test_orm_probe');
     } finally {
       await orm.close();
+    }
+  });
+});
+
+describe('ensureDatabase through a PgBouncer that serves every database (a wildcard entry)', () => {
+  it('creates a missing database there', async () => {
+    const name = `mailroom_test_bouncer_${Date.now().toString(36)}`;
+    const url = new URL(env.config.databaseUrl);
+    url.pathname = `/${name}`;
+    try {
+      expect(await ensureDatabase(bouncer.through(url.toString()))).toBe(true);
+      expect(await ensureDatabase(bouncer.through(url.toString()))).toBe(false);
+      // At once: no login to it failed before it existed (PgBouncer would hold the next one 15 s).
+      const client = new pg.Client({ connectionString: bouncer.through(url.toString()), connectionTimeoutMillis: 3_000 });
+      await client.connect();
+      await client.end();
+    } finally {
+      await dropDatabase(name);
     }
   });
 });

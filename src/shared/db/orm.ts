@@ -96,36 +96,28 @@ export async function migrate(orm: Orm): Promise<string[]> {
   }
 }
 
-/** Whether the database of the URL takes a connection (false only when it does not exist). */
-async function databaseExists(databaseUrl: string): Promise<boolean> {
-  const client = new pg.Client({ connectionString: databaseUrl, connectionTimeoutMillis: CONNECT_TIMEOUT_MS });
-  try {
-    await client.connect();
-    return true;
-  } catch (error) {
-    // 3D000 invalid_catalog_name: PostgreSQL has no such database. Anything else (down,
-    // refused, a pooler that lists no such database) is for the caller to see below.
-    if ((error as { code?: string }).code === '3D000') return false;
-    throw error;
-  } finally {
-    await client.end().catch(() => {});
-  }
-}
-
 /**
- * Creates the database named in the URL when it does not exist (npm start on a fresh machine).
- * The database itself is tried first: only a missing one needs the `postgres` database, which a
- * pooler (PgBouncer lists the databases it serves) or a managed role may not reach.
+ * Creates the database named in the URL when it does not exist (npm start on a fresh machine),
+ * through the `postgres` database. Where that one cannot be reached (a pooler such as PgBouncer
+ * serving only the application's database, a managed role without access to it), a connection
+ * to the database itself tells that it exists. Not the other way round: PgBouncer remembers a
+ * login that failed and holds the next client for server_login_retry (15 s), so a first try of a
+ * database that is then created would stall the migrations right after.
  */
 export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
   const url = new URL(databaseUrl);
   const name = decodeURIComponent(url.pathname.replace(/^\//, ''));
   if (!name) throw new Error('DATABASE_URL names no database');
-  if (await databaseExists(databaseUrl)) return false;
   const admin = new URL(databaseUrl);
   admin.pathname = '/postgres';
   const client = new pg.Client({ connectionString: admin.toString(), connectionTimeoutMillis: CONNECT_TIMEOUT_MS });
-  await client.connect();
+  try {
+    await client.connect();
+  } catch (error) {
+    await client.end().catch(() => {});
+    if (await connects(databaseUrl)) return false;
+    throw error;
+  }
   try {
     const found = await client.query('select 1 from pg_database where datname = $1', [name]);
     if (found.rowCount) return false;
@@ -141,5 +133,18 @@ export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
     return true;
   } finally {
     await client.end();
+  }
+}
+
+/** Whether the database of the URL takes a connection. */
+async function connects(databaseUrl: string): Promise<boolean> {
+  const client = new pg.Client({ connectionString: databaseUrl, connectionTimeoutMillis: CONNECT_TIMEOUT_MS });
+  try {
+    await client.connect();
+    return true;
+  } catch {
+    return false;
+  } finally {
+    await client.end().catch(() => {});
   }
 }
