@@ -214,6 +214,15 @@ describe('SECRET_KEY', () => {
   });
 });
 
+describe('integer variables', () => {
+  it('take decimal digits, signed or padded, and say what is wrong in their own words', () => {
+    expect(loadConfig({ PORT: '+3000', RATE_LIMIT_PER_SECOND: ' 20 ' })).toMatchObject({ port: 3000 });
+    expect(problems({ PORT: '0x10' })).toEqual(['PORT: must be a whole number written in digits']);
+    expect(problems({ PORT: '70000' })[0]).toMatch(/^PORT: .*65535/);
+    expect(problems({ RATE_LIMIT_PER_SECOND: '0' })[0]).not.toMatch(/digits/);
+  });
+});
+
 describe('an invalid variable is named', () => {
   it.each([
     ['NODE_ENV', 'staging'],

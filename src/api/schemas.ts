@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { wholeNumber } from '../shared/whole-number.js';
 
 /** The list envelope (docs/foundation.md "Identifiers, time and lists"): `{ object: "list", has_more, data }`. */
 export function listEnvelope<T extends z.ZodType>(item: T) {
@@ -9,27 +10,11 @@ export function list<T>(data: T[], hasMore: boolean) {
   return { object: 'list' as const, has_more: hasMore, data };
 }
 
-/**
- * A whole number in a query string, written in decimal digits: `Number()` (and so
- * `z.coerce.number()`) reads `0x10` as 16, `1e1` as 10 and an empty value as 0, and a number
- * past 2^53 failed with that bound in its message rather than the parameter's own.
- */
+/** A whole number in a query string, written in decimal digits (shared/whole-number.ts). */
 export function wholeNumberQuery(min: number, max?: number) {
   let number = z.number().int().min(min);
   if (max !== undefined) number = number.max(max);
-  return z.preprocess((value, ctx) => {
-    if (typeof value !== 'string') return value;
-    if (!/^\d+$/.test(value)) {
-      ctx.addIssue({ code: 'custom', message: 'must be a whole number written in digits' });
-      return z.NEVER;
-    }
-    const parsed = Number(value);
-    if (!Number.isSafeInteger(parsed)) {
-      ctx.addIssue({ code: 'custom', message: max === undefined ? 'is too large' : `must be at most ${max}` });
-      return z.NEVER;
-    }
-    return parsed;
-  }, number);
+  return wholeNumber(number, max === undefined ? {} : { tooLarge: `must be at most ${max}` });
 }
 
 /** docs/foundation.md "Identifiers, time and lists": `limit` outside 1..100 is 422. */

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { wholeNumber } from './whole-number.js';
 import { normalizeHostname } from './domains/hostname.js';
 import { sendgridKey } from './providers/sendgrid.js';
 import { QUEUE_NAMES } from './queues/registry.js';
@@ -12,11 +13,11 @@ const booleanish = z
   .transform((v) => ['true', '1', 'yes', 'on'].includes(v));
 
 /**
- * An integer variable in decimal digits, then `refine`d (min, max): Number() alone would take
- * `0x10` or `1e3`, almost certainly typos, silently (contract 2: an invalid value stops start-up).
+ * An integer variable in decimal digits (shared/whole-number.ts), then `refine`d (min, max, with
+ * their own messages): Number() alone would take `0x10` or `1e3`, almost certainly typos,
+ * silently (contract 2: an invalid value stops start-up).
  */
-const integer = (refine: (n: z.ZodNumber) => z.ZodNumber) =>
-  z.preprocess((v) => (typeof v === 'string' && /^\s*-?\d+\s*$/.test(v) ? Number(v) : v), refine(z.number({ error: 'must be a whole number in decimal digits' }).int()));
+const integer = (refine: (n: z.ZodNumber) => z.ZodNumber) => wholeNumber(refine(z.number().int()), { signed: true, trimmed: true });
 
 const optionalPositiveInt = integer((n) => n.positive()).optional();
 
