@@ -238,6 +238,12 @@ describe('MCP at /mcp', () => {
     const huge = await post(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: { pad: 'x'.repeat(2 * 1024 * 1024) } }));
     expect(huge.statusCode).toBe(413);
     expect(huge.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32600 }, id: null });
+    // JSON the service does not take (prototype poisoning, nested past 512 levels): no request either.
+    for (const payload of ['{"jsonrpc":"2.0","id":1,"method":"tools/list","__proto__":{}}', `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":${'['.repeat(600)}${']'.repeat(600)}}`]) {
+      const refused = await post(payload);
+      expect(refused.statusCode).toBe(422);
+      expect(refused.json()).toMatchObject({ jsonrpc: '2.0', error: { code: -32600 }, id: null });
+    }
   });
 
   it('answers a tools/call that is not a call (no tool name, arguments not an object) -32602 naming the param', async () => {

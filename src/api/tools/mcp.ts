@@ -134,11 +134,13 @@ function onlyToolCalls(body: unknown): boolean {
 export function mcpRoutes(limiter: WindowRateLimiter) {
   return async (app: App): Promise<void> => {
     // A body the HTTP layer refuses before the MCP server reads it (not JSON, not JSON's
-    // content type, too large) is answered as JSON-RPC 2.0 answers it (section 5.1), with
-    // the HTTP status of the REST API: an MCP client parses the error either way.
+    // content type, too large, JSON it does not take: prototype poisoning, nested too deep;
+    // /mcp has no body schema of its own) is answered as JSON-RPC 2.0 answers it (section 5.1),
+    // with the HTTP status of the REST API: an MCP client parses the error either way.
     app.setErrorHandler(
       errorHandler((body) => {
-        const code = body.name === 'invalid_json' ? PARSE_ERROR : body.statusCode === 413 || body.statusCode === 415 ? INVALID_REQUEST : undefined;
+        const refusedBody = body.statusCode === 413 || body.statusCode === 415 || body.name === 'validation_error';
+        const code = body.name === 'invalid_json' ? PARSE_ERROR : refusedBody ? INVALID_REQUEST : undefined;
         return code === undefined ? body : { jsonrpc: '2.0', error: { code, message: body.message }, id: null };
       }),
     );
