@@ -89,14 +89,16 @@ describe('the API renders off its event loop', () => {
     const message = 'is nested deeper than 100 levels (block quotes and lists)';
     const quotes = Array.from({ length: 1_440 }, (_, i) => `${'>'.repeat(i + 1)} x`).join('\n');
     const lists = Array.from({ length: 1_000 }, (_, i) => `${' '.repeat(i * 2)}- x`).join('\n');
-    for (const markdown of [quotes, lists, `${'> - '.repeat(1_000)}x`, `${'>'.repeat(101)} x`]) {
+    // A list nested by indentation inside a quote (the blanks between the markers).
+    const quotedLists = Array.from({ length: 1_000 }, (_, i) => `> ${' '.repeat(i * 2)}- x`).join('\n');
+    for (const markdown of [quotes, lists, quotedLists, `${'> - '.repeat(1_000)}x`, `${'>'.repeat(101)} x`]) {
       const deep = await send(markdown);
       expect(deep.statusCode).toBe(422);
       expect(deep.json().details).toEqual([{ path: 'markdown', message }]);
     }
     // 100 levels, and the everyday shapes (indented code, thematic breaks), are taken.
     expect((await send(`${'>'.repeat(100)} x`)).statusCode).toBe(200);
-    expect((await send('# T\n\n> a\n> > b\n\n- a\n  - b\n\n    code - with - dashes\n\n---\n')).statusCode).toBe(200);
+    expect((await send('# T\n\n> a\n> > b\n\n- a\n  - b\n\n    code - with - dashes\n\n---\n\n> - a\n>   - b\n>     1. c\n')).statusCode).toBe(200);
     expect(bestOf3(() => expect(() => renderEmail({ contentKind: 'markdown', content: quotes, subject: 's' })).toThrow(`markdown ${message}`))).toBeLessThan(100);
     await ctx.services.orm.em.fork().execute('delete from emails');
   });

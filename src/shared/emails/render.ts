@@ -108,12 +108,13 @@ export const MAX_MARKDOWN_NESTING = 100;
 export const MARKDOWN_TOO_DEEP = `markdown is nested deeper than ${MAX_MARKDOWN_NESTING} levels (block quotes and lists)`;
 // The container markers a line opens with: `>`, and list markers followed by a blank or the end.
 const MARKDOWN_CONTAINERS = /^(?:[ \t]*(?:>|[-+*](?=[ \t]|$)|\d{1,9}[.)](?=[ \t]|$)))+/;
-const MARKDOWN_MARKER = />|[-+*]|\d{1,9}[.)]/g;
+const MARKDOWN_MARKER = /([ \t]*)(?:>|[-+*]|\d{1,9}[.)])/g;
 
 /**
  * Whether a line of markdown opens more than MAX_MARKDOWN_NESTING block quotes and lists: the
- * markers it starts with, plus its indentation before them in list levels (two columns each:
- * a nested list is indented under its parent). Conservative: a level it counts may be none.
+ * markers it starts with, plus the indentation before and between them in list levels (two
+ * columns each, past the one blank a marker takes: a nested list is indented under its parent,
+ * also inside a quote). Conservative: a level it counts may be none.
  */
 export function markdownNestedTooDeep(markdown: string): boolean {
   for (let start = 0; start < markdown.length; ) {
@@ -123,8 +124,12 @@ export function markdownNestedTooDeep(markdown: string): boolean {
     start = end + 1;
     const run = MARKDOWN_CONTAINERS.exec(line)?.[0];
     if (!run) continue;
-    const indent = /^[ \t]*/.exec(line)![0].replace(/\t/g, '    ').length;
-    if (Math.floor(indent / 2) + (run.match(MARKDOWN_MARKER)?.length ?? 0) > MAX_MARKDOWN_NESTING) return true;
+    let depth = 0;
+    for (const [, blanks] of run.matchAll(MARKDOWN_MARKER)) {
+      const columns = blanks!.replace(/\t/g, '    ').length;
+      depth += 1 + Math.floor((depth === 0 ? columns : Math.max(0, columns - 1)) / 2);
+    }
+    if (depth > MAX_MARKDOWN_NESTING) return true;
   }
   return false;
 }
