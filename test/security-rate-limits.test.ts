@@ -178,4 +178,16 @@ describe('RATE_LIMIT_PER_SECOND with RATE_LIMIT_ORG_PER_SECOND', () => {
     // The runaway token: 2, then its own limit. Its sibling: 2 of the organization's 5 left 3.
     expect(codes).toEqual([200, 200, 429, 429, 429, 429, 200, 200]);
   });
+
+  it('so through the tool layer, whose endpoint counts the token: once its limit is known to refuse, the organization is not counted', async () => {
+    const codes = await withinOneSecond(async () => {
+      const answers = [];
+      const tool = (token: string) => small.app.inject({ method: 'POST', url: '/api/v2/tools/list_domains', headers: bearer(token), payload: { arguments: {} } });
+      for (let i = 0; i < 8; i++) answers.push(await tool(runaway));
+      for (let i = 0; i < 2; i++) answers.push(await tool(sibling));
+      return answers.map((r) => r.statusCode);
+    });
+    // The third call is refused by the endpoint (the organization counted it); the rest by the layer, uncounted.
+    expect(codes).toEqual([200, 200, 429, 429, 429, 429, 429, 429, 200, 200]);
+  });
 });

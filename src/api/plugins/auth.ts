@@ -1,7 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../../shared/container.js';
-import { limitExceeded, limitHeaders, type WindowRateLimiter } from '../../shared/rate-limits/window.js';
+import { limitExceeded, limitHeaders, type RateDecision, type WindowRateLimiter } from '../../shared/rate-limits/window.js';
 import { AuthenticationError, PermissionError } from '../../shared/errors.js';
 import { holds } from '../../shared/tokens/permissions.js';
 import { findTokenBySecret, type Caller } from '../../shared/tokens/service.js';
@@ -39,10 +39,23 @@ export async function authenticate(services: Services, cache: TokenCache, reques
   return caller;
 }
 
+const tokenLimitExceeded = (decision: RateDecision) =>
+  limitExceeded(decision, `More than ${decision.limit} requests a second with this token; retry after ${decision.resetSeconds} s`);
+
 export async function rateLimit(limiter: WindowRateLimiter, caller: Caller, reply: FastifyReply): Promise<void> {
   const decision = await limiter.take(caller.tokenId);
   void reply.headers(limitHeaders(decision));
-  if (!decision.allowed) throw limitExceeded(decision, `More than ${decision.limit} requests a second with this token; retry after ${decision.resetSeconds} s`);
+  if (!decision.allowed) throw tokenLimitExceeded(decision);
+}
+
+/**
+ * The token's 429 when its limit is known to refuse it this second, counting nothing: for the
+ * layers whose endpoint counts the token (tools, MCP, v1), before they count the organization,
+ * so a throttled token does not spend its siblings' budget there either.
+ */
+export function refuseThrottledToken(limiter: WindowRateLimiter, caller: Caller): void {
+  const refusal = limiter.refusing(caller.tokenId);
+  if (refusal) throw tokenLimitExceeded(refusal);
 }
 
 /**

@@ -2,7 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../../shared/container.js';
 import type { WindowRateLimiter } from '../../shared/rate-limits/window.js';
 import type { TokenCache } from '../../shared/tokens/token-cache.js';
-import { assertRoutePermission, authenticate, limitOrganization, rateLimit } from '../plugins/auth.js';
+import { assertRoutePermission, authenticate, limitOrganization, rateLimit, refuseThrottledToken } from '../plugins/auth.js';
 
 /**
  * onRequest hook of the layers that dispatch v2 requests in-process (tool runner, MCP, v1):
@@ -20,8 +20,10 @@ export function callerHook(services: Services, cache: TokenCache, limiter: Windo
     // No route matched: the scope's own 404, with or without a token (routing comes before authentication).
     if (request.is404) return;
     request.caller = await authenticate(services, cache, request);
-    await limitOrganization(services, request.caller);
+    // The token's limit first, as on v2: a request it refuses does not spend the organization's budget.
     if (options.counted) await rateLimit(limiter, request.caller, reply);
+    else refuseThrottledToken(limiter, request.caller);
+    await limitOrganization(services, request.caller);
     // A route of these layers that validates its own input names its v2 twin's permission:
     // checked before that validation, as v2 does (the twin would check it too, but after).
     assertRoutePermission(request);

@@ -85,6 +85,17 @@ export class WindowRateLimiter {
     return { allowed: true, limit, remaining: Math.max(0, limit - spentEverywhere), resetSeconds };
   }
 
+  /**
+   * The refusal `take` would give now, when this process already knows it (the window of this
+   * second is full and spent here), without counting anything: undefined otherwise.
+   */
+  refusing(tokenId: string, nowMs = Date.now()): RateDecision | undefined {
+    const second = Math.floor(nowMs / 1000);
+    const window = this.windows.get(tokenId);
+    if (!window || window.second !== second || !window.full || window.used < window.granted) return undefined;
+    return { allowed: false, limit: this.options.limit, remaining: 0, resetSeconds: Math.max(1, Math.ceil(((second + 1) * 1000 - nowMs) / 1000)) };
+  }
+
   private async reserve(tokenId: string, window: RateWindow, limit: number): Promise<void> {
     const wanted = Math.max(1, Math.min(LEASE_MAX, Math.floor((limit - window.total) * LEASE_FRACTION)));
     // Every key of the service starts with REDIS_PREFIX (container.ts redisKey).
