@@ -113,13 +113,13 @@ interface Sent {
 }
 
 /** A real email, sent through the worker to the sink; resolves once it reads `sent`. */
-async function sent(label: string): Promise<Sent> {
+async function sent(label: string, copies: { cc?: string[] } = {}): Promise<Sent> {
   const to = `${label}-${randomBytes(3).toString('hex')}@example.com`;
   const response = await ctx.app.inject({
     method: 'POST',
     url: '/api/v2/emails',
     headers: bearer(token),
-    payload: { from: 'Acme <news@acme.test>', to, subject: 'Hi', html: '<p>Hello</p>' },
+    payload: { from: 'Acme <news@acme.test>', to, subject: 'Hi', html: '<p>Hello</p>', ...copies },
   });
   expect(response.statusCode).toBe(200);
   const id = response.json().id as string;
@@ -468,7 +468,7 @@ const sendgridEvent = (event: string, email: Sent, extra: object = {}) => ({
 
 describe('POST /webhooks/sendgrid', () => {
   it('reads a batch of bounce, spamreport, delivered, deferred and blocked events; a replayed batch has one effect', async () => {
-    const [bounced, complained, delivered, blocked] = await Promise.all(['sg-bounce', 'sg-complaint', 'sg-delivery', 'sg-blocked'].map(sent));
+    const [bounced, complained, delivered, blocked] = await Promise.all(['sg-bounce', 'sg-complaint', 'sg-delivery', 'sg-blocked'].map((label) => sent(label)));
     const batch = [
       sendgridEvent('bounce', bounced!, { type: 'bounce', status: '5.1.1', reason: '550 5.1.1 The email account that you tried to reach does not exist.' }),
       sendgridEvent('spamreport', complained!),
@@ -536,6 +536,68 @@ describe('POST /webhooks/sendgrid', () => {
     const unparsable = await sendgridPost('[{"event":');
     expect(unparsable.statusCode).toBe(400);
     expect(unparsable.json()).toMatchObject({ name: 'invalid_json' });
+  });
+});
+
+describe('an event about a copy recipient (cc): the address it names, as a report by mail', () => {
+  /** An email to one address with a copy to another, both fresh. */
+  async function withCopy(label: string) {
+    const copy = `${label}-copy-${randomBytes(3).toString('hex')}@example.com`;
+    return { email: await sent(label, { cc: [`Copy Reader <${copy}>`] }), copy };
+  }
+
+  it('SES: a bounce listing the copy suppresses the copy, not the to, and leaves the email as it was', async () => {
+    const { email, copy } = await withCopy('ses-cc');
+    const bounce = sesEvent('Bounce', email, { bounce: { bounceType: 'Permanent', bouncedRecipients: [{ emailAddress: copy, status: '5.1.1', diagnosticCode: 'smtp; 550 5.1.1 copy unknown' }] } });
+    expect(await (await postSes(snsSign(snsNotification(bounce)))).json()).toEqual({ received: 1, applied: 1, ignored: 0 });
+    expect(await suppressed(copy)).toBe(true);
+    expect(await suppressed(email.to)).toBe(false);
+    expect(await lastEvent(email.id)).toBe('sent');
+    // A bounce listing both: each address its own, and the email bounced by its to.
+    const both = await withCopy('ses-both');
+    const twice = sesEvent('Bounce', both.email, { bounce: { bounceType: 'Permanent', bouncedRecipients: [{ emailAddress: both.email.to }, { emailAddress: both.copy }] } });
+    expect(await (await postSes(snsSign(snsNotification(twice)))).json()).toEqual({ received: 2, applied: 2, ignored: 0 });
+    expect([await suppressed(both.email.to), await suppressed(both.copy), await lastEvent(both.email.id)]).toEqual([true, true, 'bounced']);
+  });
+
+  it('SendGrid: a bounce of the copy beside a delivery of the to suppresses the copy only; an address that is no recipient is ignored', async () => {
+    const { email, copy } = await withCopy('sg-cc');
+    const batch = [sendgridEvent('delivered', email), sendgridEvent('bounce', email, { email: copy, type: 'bounce', reason: '550 5.1.1 copy unknown' }), sendgridEvent('spamreport', email, { email: 'stranger@example.com' })];
+    expect((await sendgridPost(batch)).json()).toEqual({ received: 3, applied: 2, ignored: 1 });
+    expect([await suppressed(copy), await suppressed(email.to), await suppressed('stranger@example.com'), await lastEvent(email.id)]).toEqual([true, false, false, 'delivered']);
+  });
+
+  it('Mailgun and Postmark: a failure and a complaint naming the copy act on the copy', async () => {
+    const one = await withCopy('mg-cc');
+    expect((await mailgun(mailgunSigned(mailgunEvent('failed', one.email, { severity: 'permanent', recipient: one.copy })))).json()).toMatchObject({ applied: 1 });
+    const other = await withCopy('pm-cc');
+    expect((await postmark({ ...postmarkBounce(other.email, 'SpamComplaint'), RecordType: 'SpamComplaint', Email: other.copy })).json()).toMatchObject({ applied: 1 });
+    expect([await suppressed(one.copy), await suppressed(one.email.to), await lastEvent(one.email.id)]).toEqual([true, false, 'sent']);
+    expect([await suppressed(other.copy), await suppressed(other.email.to), await lastEvent(other.email.id)]).toEqual([true, false, 'sent']);
+  });
+});
+
+describe('provider events the service cannot store or that are no failure', () => {
+  it('a NUL in a diagnostic is replaced, one in an id makes its event ignored, and the rest of the batch is applied', async () => {
+    const email = await sent('sg-nul');
+    const batch = [
+      sendgridEvent('deferred', email, { response: '451 a\u0000b' }),
+      sendgridEvent('bounce', email, { 'smtp-id': '<a\u0000b@x>', sg_message_id: 'x\u0000y' }),
+      sendgridEvent('spamreport', email),
+    ];
+    const response = await sendgridPost(batch);
+    expect(response.statusCode, response.body).toBe(200);
+    expect(response.json()).toEqual({ received: 3, applied: 2, ignored: 1 });
+    expect(await lastEvent(email.id)).toBe('complained');
+  });
+
+  it('Postmark: an AutoResponder is no bounce (ignored); BadEmailAddress is hard', async () => {
+    const away = await sent('pm-away');
+    expect((await postmark(postmarkBounce(away, 'AutoResponder'))).json()).toEqual({ received: 0, applied: 0, ignored: 0 });
+    expect(await lastEvent(away.id)).toBe('sent');
+    const bad = await sent('pm-bad');
+    await postmark(postmarkBounce(bad, 'BadEmailAddress'));
+    expect(await suppressed(bad.to)).toBe(true);
   });
 });
 

@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { z } from 'zod';
+import { bareAddress } from '../bounces/fields.js';
 import { NotFoundError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { historyKey } from '../verification/history.js';
@@ -60,6 +61,13 @@ export interface DeliveryFeedback {
   /** For bounced: hard (permanent) or soft; default hard. */
   bounceType?: 'hard' | 'soft' | undefined;
   diagnostic?: string | undefined;
+  /**
+   * The recipient the event is about, as the provider names it. The email's `to`, or one of its
+   * copies (cc, bcc: the event then acts on that address and leaves the email's status, as a
+   * report by mail does); an address that is neither makes the event ignored. Absent (the
+   * generic webhook): the email's `to`.
+   */
+  recipient?: string | undefined;
 }
 
 export interface ProviderEventResult {
@@ -233,7 +241,15 @@ export async function applyDeliveryFeedback(
       ...(event.providerMessageId ? { providerMessageId: event.providerMessageId.trim() } : {}),
     });
     if (!email) return undefined;
-    const item: FeedbackItem = { emailId: email.id, type: event.type, bounceType: event.bounceType, diagnostic: event.diagnostic };
+    let copy: string | undefined;
+    if (event.recipient !== undefined) {
+      const about = bareAddress(event.recipient);
+      if (about !== email.address) {
+        if (!about || !email.copies.some((c) => bareAddress(c) === about)) return undefined;
+        copy = about;
+      }
+    }
+    const item: FeedbackItem = { emailId: email.id, type: event.type, bounceType: event.bounceType, diagnostic: event.diagnostic, ...(copy ? { copy } : {}) };
     const [result] = await recordFeedback(tx as EntityManager, new Map([[email.id, email]]), [item], deps.now);
     return { item, result: result! };
   });

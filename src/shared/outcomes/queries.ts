@@ -98,14 +98,22 @@ export interface FeedbackEmail {
 
 const FEEDBACK_EMAIL = `select e.id, e.organization_id, email_bare_address(e.to_address) as address, e.delivery_status from emails e`;
 
+/** An email a provider event names, with its copy recipients (cc, bcc, as given: the event may be about one). */
+export interface ProviderFeedbackEmail extends FeedbackEmail {
+  copies: string[];
+}
+
+const PROVIDER_FEEDBACK_EMAIL = `select e.id, e.organization_id, email_bare_address(e.to_address) as address, e.delivery_status,
+  coalesce(e.cc, '[]'::jsonb) || coalesce(e.bcc, '[]'::jsonb) as copies from emails e`;
+
 /** The email a provider event names, by the Message-ID mailroom set, else by the relay's id; locked. */
-export async function lockEmailByMessageId(em: EntityManager, ids: { messageId?: string; providerMessageId?: string }): Promise<FeedbackEmail | undefined> {
+export async function lockEmailByMessageId(em: EntityManager, ids: { messageId?: string; providerMessageId?: string }): Promise<ProviderFeedbackEmail | undefined> {
   if (ids.messageId) {
-    const [email] = await query<FeedbackEmail>(em, `${FEEDBACK_EMAIL} where e.message_id = ? limit 1 for update`, [ids.messageId]);
+    const [email] = await query<ProviderFeedbackEmail>(em, `${PROVIDER_FEEDBACK_EMAIL} where e.message_id = ? limit 1 for update`, [ids.messageId]);
     if (email) return email;
   }
   if (ids.providerMessageId) {
-    const [email] = await query<FeedbackEmail>(em, `${FEEDBACK_EMAIL} where e.provider_message_id = ? limit 1 for update`, [ids.providerMessageId]);
+    const [email] = await query<ProviderFeedbackEmail>(em, `${PROVIDER_FEEDBACK_EMAIL} where e.provider_message_id = ? limit 1 for update`, [ids.providerMessageId]);
     if (email) return email;
   }
   return undefined;

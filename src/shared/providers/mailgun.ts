@@ -28,6 +28,8 @@ export function verifyMailgun(body: unknown, signingKey: string, now: Date): Mai
 
 interface MailgunEventData {
   event?: string;
+  /** The recipient the event is about. */
+  recipient?: string;
   severity?: string;
   message?: { headers?: Record<string, string | undefined> };
   'delivery-status'?: { code?: number; message?: string; description?: string };
@@ -38,7 +40,7 @@ export function mailgunFeedback(body: unknown): DeliveryFeedback[] {
   if (!data || typeof data !== 'object') return [];
   // Mailgun keeps the Message-ID the message came with, and lists it without brackets.
   const id = data.message?.headers?.['message-id'];
-  const match = { messageId: id, providerMessageId: id };
+  const match = { messageId: id, providerMessageId: id, ...(typeof data.recipient === 'string' ? { recipient: data.recipient } : {}) };
   const status = data['delivery-status'];
   const diagnostic = [status?.code, status?.message || status?.description].filter((v) => v !== undefined && v !== '').join(' ') || undefined;
   switch (data.event) {

@@ -3,8 +3,10 @@ import type { DeliveryFeedback } from '../outcomes/provider-events.js';
 
 /**
  * Postmark's webhooks (docs/outcomes.md): authenticated by HTTP basic auth with the user and
- * password set in the webhook's URL in Postmark's console. Bounce (HardBounce = hard, every
- * other type soft), SpamComplaint, Delivery. Postmark identifies the message by its own
+ * password set in the webhook's URL in Postmark's console. Bounce (HardBounce and
+ * BadEmailAddress = hard; AutoResponder, Subscribe, Unsubscribe, ChallengeVerification and
+ * AddressChange ignored: no failure; SpamComplaint a complaint; every other type soft),
+ * SpamComplaint, Delivery. Postmark identifies the message by its own
  * `MessageID`, the id its SMTP server gave at hand-over.
  */
 export function postmarkAuthorized(header: string | undefined, expected: { user: string; password: string }): boolean {
@@ -22,6 +24,10 @@ export function postmarkAuthorized(header: string | undefined, expected: { user:
 
 interface PostmarkEvent {
   RecordType?: string;
+  /** The recipient a Bounce or SpamComplaint is about. */
+  Email?: string;
+  /** The recipient of a Delivery. */
+  Recipient?: string;
   Type?: string;
   MessageID?: string;
   Details?: string;
@@ -29,14 +35,29 @@ interface PostmarkEvent {
   Headers?: { Name?: string; Value?: string }[];
 }
 
+// Postmark's bounce types (its Bounce API): the permanent failures of the address are hard;
+// the answers that are no failure at all (an auto-reply, a list's subscribe or unsubscribe
+// notice, a challenge to verify the sender, an address change) are not bounces; the rest soft.
+const HARD = new Set(['HardBounce', 'BadEmailAddress']);
+const NOT_FAILURES = new Set(['AutoResponder', 'Subscribe', 'Unsubscribe', 'ChallengeVerification', 'AddressChange']);
+
 export function postmarkFeedback(body: unknown): DeliveryFeedback[] {
   if (!body || typeof body !== 'object' || Array.isArray(body)) return [];
   const event = body as PostmarkEvent;
   const messageId = event.Headers?.find((h) => h.Name?.toLowerCase() === 'message-id')?.Value;
-  const match = { messageId, providerMessageId: typeof event.MessageID === 'string' ? event.MessageID : undefined };
+  const recipient = event.RecordType === 'Delivery' ? event.Recipient : event.Email;
+  const match = {
+    messageId,
+    providerMessageId: typeof event.MessageID === 'string' ? event.MessageID : undefined,
+    ...(typeof recipient === 'string' ? { recipient } : {}),
+  };
   switch (event.RecordType) {
-    case 'Bounce':
-      return [{ type: 'bounced', ...match, bounceType: event.Type === 'HardBounce' ? 'hard' : 'soft', diagnostic: event.Details || event.Description }];
+    case 'Bounce': {
+      // Not a failure: an out-of-office or list answer proves the message arrived.
+      if (event.Type && NOT_FAILURES.has(event.Type)) return [];
+      if (event.Type === 'SpamComplaint') return [{ type: 'complained', ...match }];
+      return [{ type: 'bounced', ...match, bounceType: event.Type && HARD.has(event.Type) ? 'hard' : 'soft', diagnostic: event.Details || event.Description }];
+    }
     case 'SpamComplaint':
       return [{ type: 'complained', ...match }];
     case 'Delivery':

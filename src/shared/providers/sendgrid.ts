@@ -39,6 +39,8 @@ export function verifySendgrid(raw: Buffer, signature: string | undefined, times
 
 interface SendgridEvent {
   event?: string;
+  /** The recipient the event is about. */
+  email?: string;
   'smtp-id'?: string;
   sg_message_id?: string;
   reason?: string;
@@ -62,7 +64,11 @@ export function sendgridFeedback(body: unknown): DeliveryFeedback[] {
     if (!item || typeof item !== 'object') continue;
     // sg_message_id is the X-Message-Id of the SMTP answer plus a suffix of SendGrid's own.
     const providerMessageId = typeof item.sg_message_id === 'string' ? item.sg_message_id.replace(/\.(filter|recvd).*$/, '') : undefined;
-    const match = { messageId: typeof item['smtp-id'] === 'string' ? item['smtp-id'] : undefined, providerMessageId };
+    const match = {
+      messageId: typeof item['smtp-id'] === 'string' ? item['smtp-id'] : undefined,
+      providerMessageId,
+      ...(typeof item.email === 'string' ? { recipient: item.email } : {}),
+    };
     const diagnostic = [item.status, item.reason ?? item.response].filter(Boolean).join(' ') || undefined;
     switch (item.event) {
       case 'delivered':

@@ -17,10 +17,21 @@ interface SesNotification {
   notificationType?: string;
   eventType?: string;
   mail?: SesMail;
-  bounce?: { bounceType?: string; bounceSubType?: string; bouncedRecipients?: { diagnosticCode?: string; status?: string }[] };
-  deliveryDelay?: { delayType?: string; delayedRecipients?: { diagnosticCode?: string }[] };
+  bounce?: { bounceType?: string; bounceSubType?: string; bouncedRecipients?: { emailAddress?: string; diagnosticCode?: string; status?: string }[] };
+  deliveryDelay?: { delayType?: string; delayedRecipients?: { emailAddress?: string; diagnosticCode?: string }[] };
   /** `complaintFeedbackType`: the ISP's ARF `Feedback-Type`, when it sent one. */
-  complaint?: { complaintFeedbackType?: string };
+  complaint?: { complaintFeedbackType?: string; complainedRecipients?: { emailAddress?: string }[] };
+  delivery?: { recipients?: unknown[] };
+}
+
+/**
+ * One event for each recipient a notification lists (the email's `to` or a copy: the recorder
+ * tells them apart), or one about the `to` when it lists none.
+ */
+function perRecipient<T extends { emailAddress?: string }>(recipients: T[] | undefined, event: (recipient: T | undefined) => DeliveryFeedback): DeliveryFeedback[] {
+  const listed = Array.isArray(recipients) ? recipients.filter((r) => r && typeof r === 'object') : [];
+  if (listed.length === 0) return [event(undefined)];
+  return listed.map((r) => ({ ...event(r), ...(typeof r.emailAddress === 'string' ? { recipient: r.emailAddress } : {}) }));
 }
 
 /** The Message-ID the sender set, when SES kept the original headers. */
@@ -42,19 +53,28 @@ export function sesFeedback(message: string): DeliveryFeedback[] {
   const match = { messageId: originalMessageId(notification.mail), providerMessageId: notification.mail.messageId };
   switch (kind) {
     case 'Bounce': {
-      const recipient = notification.bounce?.bouncedRecipients?.[0];
-      const diagnostic = recipient?.diagnosticCode ?? recipient?.status ?? notification.bounce?.bounceSubType;
       const bounceType = notification.bounce?.bounceType === 'Permanent' ? 'hard' : 'soft';
-      return [{ type: 'bounced', ...match, bounceType, diagnostic }];
+      return perRecipient(notification.bounce?.bouncedRecipients, (r) => ({
+        type: 'bounced',
+        ...match,
+        bounceType,
+        diagnostic: r?.diagnosticCode ?? r?.status ?? notification.bounce?.bounceSubType,
+      }));
     }
     case 'Complaint': {
       const feedbackType = notification.complaint?.complaintFeedbackType?.toLowerCase();
-      return feedbackType === undefined || feedbackType === 'abuse' ? [{ type: 'complained', ...match }] : [];
+      return feedbackType === undefined || feedbackType === 'abuse' ? perRecipient(notification.complaint?.complainedRecipients, () => ({ type: 'complained', ...match })) : [];
     }
-    case 'Delivery':
-      return [{ type: 'delivered', ...match }];
+    case 'Delivery': {
+      const recipients = notification.delivery?.recipients?.filter((r): r is string => typeof r === 'string').map((emailAddress) => ({ emailAddress }));
+      return perRecipient(recipients, () => ({ type: 'delivered', ...match }));
+    }
     case 'DeliveryDelay':
-      return [{ type: 'delivery_delayed', ...match, diagnostic: notification.deliveryDelay?.delayedRecipients?.[0]?.diagnosticCode ?? notification.deliveryDelay?.delayType }];
+      return perRecipient(notification.deliveryDelay?.delayedRecipients, (r) => ({
+        type: 'delivery_delayed',
+        ...match,
+        diagnostic: r?.diagnosticCode ?? notification.deliveryDelay?.delayType,
+      }));
     default:
       return [];
   }
