@@ -71,6 +71,12 @@ describe('malformed requests (docs/foundation.md "Errors")', () => {
     expect(strings.json().message).not.toContain('nested');
     const fits = await postTokens(`{"name":"x","extra":${nested(510)}}`, 'application/json');
     expect(fits.json()).toMatchObject({ statusCode: 422, details: [{ path: 'extra' }] });
+    // JSON given as text inside a body (a tiptap document) is held to the same depth.
+    const quotes = (depth: number): object => (depth === 0 ? { type: 'paragraph' } : { type: 'blockquote', content: [quotes(depth - 1)] });
+    const tiptap = JSON.stringify({ type: 'doc', content: [quotes(600)] });
+    const email = await ctx.app.inject({ method: 'POST', url: '/api/v2/emails', headers: bearer(token), payload: { from: 'a@example.test', to: 'b@example.net', subject: 's', tiptap } });
+    expect(email.statusCode).toBe(422);
+    expect(email.json().details).toEqual([{ path: 'tiptap', message: 'is nested deeper than 512 levels' }]);
   });
 
   it('takes an empty body declared as JSON as no body: the route answers what it answers without one', async () => {

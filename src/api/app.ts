@@ -8,7 +8,8 @@ import type { Services } from '../shared/container.js';
 import { registerAgentInterfaces } from './agents.js';
 import { dashboard } from './dashboard/index.js';
 import { finishOpenApi } from './openapi.js';
-import { installValidationMessages, jsonNestedDeeperThan, MAX_JSON_DEPTH, singleValuedQuery, strictBody } from './validation.js';
+import { installValidationMessages, singleValuedQuery, strictBody } from './validation.js';
+import { JSON_TOO_DEEP, jsonNestedDeeperThan } from '../shared/json-depth.js';
 import { ValidationError } from '../shared/errors.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook } from './plugins/auth.js';
@@ -81,7 +82,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
       const status = request.routeOptions.config?.validationStatus ?? 422;
       done(new ValidationError(`body: ${message}`, [{ path: 'body', message }], status), undefined);
     };
-    if (jsonNestedDeeperThan(text, MAX_JSON_DEPTH)) return refuse(`is nested deeper than ${MAX_JSON_DEPTH} levels`);
+    if (jsonNestedDeeperThan(text)) return refuse(JSON_TOO_DEEP);
     return parseJson(request, text, (error, value) => {
       // Refused by the safe parser, yet JSON: prototype poisoning (a `__proto__` key, or
       // `constructor` holding `prototype`). The plain parser makes such keys own properties.

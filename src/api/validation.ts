@@ -153,34 +153,3 @@ const customError = (issue: unknown) => humanMessage(issue as Issue);
 export function installValidationMessages(): void {
   z.config({ customError });
 }
-
-/**
- * The deepest a JSON body may nest (objects and arrays). The service walks bodies recursively
- * (validation, then JSON columns, which PostgreSQL's driver writes with JSON.stringify): a body
- * of a few thousand levels overflowed the stack, a 500 for a 35 KB request. No request needs
- * more than a few dozen; a tiptap document of 250 nested elements fits.
- */
-export const MAX_JSON_DEPTH = 512;
-
-/** Whether JSON text opens more than `max` objects or arrays at once (one pass, strings skipped). */
-export function jsonNestedDeeperThan(text: string, max: number): boolean {
-  // Each level takes a character: shorter text cannot go deeper.
-  if (text.length <= max) return false;
-  let depth = 0;
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i);
-    if (c === 0x22) {
-      // A string: to its closing quote, over escaped characters.
-      for (i++; i < text.length; i++) {
-        const d = text.charCodeAt(i);
-        if (d === 0x5c) i++;
-        else if (d === 0x22) break;
-      }
-    } else if (c === 0x7b || c === 0x5b) {
-      if (++depth > max) return true;
-    } else if (c === 0x7d || c === 0x5d) {
-      depth--;
-    }
-  }
-  return false;
-}

@@ -1,6 +1,7 @@
 import { parseFragment, type DefaultTreeAdapterMap } from 'parse5';
 import type { CampaignContentType } from '../db/entities/campaign.js';
 import { assertContentSize, ContentTooDeepError, laidOut, markdownToHtml, nestedTooDeep, renderChecked } from '../emails/render.js';
+import { JSON_TOO_DEEP, jsonNestedDeeperThan } from '../json-depth.js';
 import { unstorableInJsonText } from '../storable.js';
 import { UNSUBSCRIBE_TARGET } from './html.js';
 import { mailyHasUnsubscribeLink, mailyProblem, mailyToHtml } from './maily.js';
@@ -21,6 +22,7 @@ export function normalizeContent(contentType: CampaignContentType, content: unkn
   }
   let value = content;
   if (typeof value === 'string') {
+    if (jsonNestedDeeperThan(value)) return { problem: JSON_TOO_DEEP };
     try {
       value = JSON.parse(value);
     } catch {

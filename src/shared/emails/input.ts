@@ -2,6 +2,7 @@ import { z } from 'zod';
 import type { ContentKind, EmailSource, EmailTag } from '../db/entities/email.js';
 import { hasLineBreak, parseMailbox } from './addresses.js';
 import { unstorableInJsonText } from '../storable.js';
+import { JSON_TOO_DEEP, jsonNestedDeeperThan } from '../json-depth.js';
 import { markdownNestedTooDeep, MAX_CONTENT_CHARS, MAX_MARKDOWN_NESTING, MAX_NESTING, nestedTooDeep, tiptapProblem } from './render.js';
 
 /**
@@ -91,6 +92,11 @@ export const SendEmailBody = z
     if (body.tiptap !== undefined) {
       let doc: unknown = body.tiptap;
       if (typeof doc === 'string') {
+        // As deep as a body may be (JSON text is parsed and walked as a body is).
+        if (jsonNestedDeeperThan(doc)) {
+          ctx.addIssue({ code: 'custom', path: ['tiptap'], message: JSON_TOO_DEEP });
+          return;
+        }
         try {
           doc = JSON.parse(doc);
         } catch {
