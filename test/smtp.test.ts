@@ -396,6 +396,12 @@ describe('bad input gets its reply and stores nothing', () => {
     // A multipart body without its boundary: no part of it can be found (it was taken, empty).
     const unbounded = 'From: a@acme.test\r\nSubject: parts\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed\r\n\r\n--x\r\nContent-Type: text/plain\r\n\r\nhi\r\n--x--\r\n';
     expect(await submit(unbounded)).toMatch(/^554 5\.6\.0 Content-Type multipart\/mixed has no boundary/);
+    // The same inside: a multipart/alternative part without its boundary in a multipart/mixed.
+    const innerUnbounded = [
+      'From: a@acme.test', 'Subject: inner', 'MIME-Version: 1.0', 'Content-Type: multipart/mixed; boundary="outer"', '',
+      '--outer', 'Content-Type: multipart/alternative', '', '--inner', 'Content-Type: text/plain', '', 'hi', '--inner--', '--outer--', '',
+    ].join('\r\n');
+    expect(await submit(innerUnbounded)).toMatch(/^554 5\.6\.0 Message has a body, but no part of it could be read/);
     expect(await counts()).toEqual(before);
     // An HTML-only message has no text part: text is null, as html is for a text-only one.
     const htmlOnly = await submit('From: app@acme.test\r\nTo: r@example.com\r\nSubject: html only\r\nContent-Type: text/html; charset=utf-8\r\n\r\n<p>Hello</p>');
