@@ -115,7 +115,7 @@ describe('bad usage exits non-zero with a message', () => {
   });
 
   it('prints the usage with no command, -h, or --help after a command', async () => {
-    for (const args of [[], ['-h'], ['org', 'create', '--help']]) {
+    for (const args of [[], ['-h'], ['org', 'create', '--help'], ['org', 'create', '-h']]) {
       const { code, stdout } = await cli(...args);
       expect(code, args.join(' ')).toBe(0);
       expect(stdout).toContain('org create --name NAME');

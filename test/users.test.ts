@@ -70,6 +70,21 @@ describe('user create and user list (docs/dashboard.md "Getting in")', () => {
     expect(await checkPassword(ctx.services.orm.em.fork(), 'typed@acme.test', 'typed secret passphrase')).not.toBeNull();
   }, 60_000);
 
+  it('gives up on Ctrl-C at the password prompt, in one line, creating nothing', async () => {
+    const command = `${process.execPath} --import tsx src/cli/main.ts user create --org ${org.organizationId} --email cancelled@acme.test`;
+    const child = spawn('script', ['-qec', command, '/dev/null'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env }, stdio: ['pipe', 'pipe', 'pipe'] });
+    let shown = '';
+    child.stdout.on('data', (c: Buffer) => (shown += c.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
+    await expect.poll(() => shown, { timeout: 30_000 }).toContain('Password');
+    child.stdin.write('half typed\u0003');
+    expect(await exited).toBe(1);
+    child.stdin.end();
+    expect(shown).toContain('mailroom: cancelled: no user created');
+    expect(shown).not.toMatch(/\n\s+at /);
+    expect(await checkPassword(ctx.services.orm.em.fork(), 'cancelled@acme.test', 'half typed')).toBeNull();
+  }, 60_000);
+
   it('refuses bad input with one line naming the problem, and creates nothing', async () => {
     const before = await userCount();
     const cases: Array<[string[], string, RegExp]> = [

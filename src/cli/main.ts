@@ -233,8 +233,8 @@ const KEYLESS: readonly string[] = ['migrate', 'verify'];
 export async function main(argv: string[]): Promise<number> {
   const [command, sub, ...rest] = argv;
   // Help and an unknown command read no configuration and write nothing (no key file made for
-  // them). `--help` after a command (`org create --help`) is help too.
-  if (!command || command === 'help' || command === '-h' || argv.includes('--help')) {
+  // them). `--help` or `-h` after a command (`org create --help`) is help too.
+  if (!command || command === 'help' || argv.includes('-h') || argv.includes('--help')) {
     process.stdout.write(USAGE);
     return 0;
   }

@@ -1,5 +1,6 @@
 import { parseArgs } from 'node:util';
 import type { Config } from '../shared/config.js';
+import { AppError } from '../shared/errors.js';
 import { createUser, listUsers } from '../shared/users/service.js';
 import type { OperatorCli } from './operator.js';
 
@@ -19,7 +20,7 @@ async function readFromTerminal(): Promise<string> {
       input.on('data', (chunk: Buffer) => {
         for (const character of chunk.toString('utf8')) {
           if (character === '\r' || character === '\n' || character === '\u0004') return resolve(password);
-          if (character === '\u0003') return reject(new Error('cancelled: no user created'));
+          if (character === '\u0003') return reject(new AppError(400, 'cancelled', 'cancelled: no user created'));
           if (character === '\u007f' || character === '\b') password = [...password].slice(0, -1).join('');
           else password += character;
         }
