@@ -38,8 +38,8 @@ interface PostmarkEvent {
 // Postmark's bounce types (its Bounce API): the permanent failures of the address are hard;
 // the answers that are no failure at all (an auto-reply, a list's subscribe or unsubscribe
 // notice, a challenge to verify the sender, an address change) are not bounces; the rest soft.
-const HARD = new Set(['HardBounce', 'BadEmailAddress']);
-const NOT_FAILURES = new Set(['AutoResponder', 'Subscribe', 'Unsubscribe', 'ChallengeVerification', 'AddressChange']);
+const HARD: readonly string[] = ['HardBounce', 'BadEmailAddress'];
+const NOT_FAILURES: readonly string[] = ['AutoResponder', 'Subscribe', 'Unsubscribe', 'ChallengeVerification', 'AddressChange'];
 
 export function postmarkFeedback(body: unknown): DeliveryFeedback[] {
   if (!body || typeof body !== 'object' || Array.isArray(body)) return [];
@@ -54,9 +54,9 @@ export function postmarkFeedback(body: unknown): DeliveryFeedback[] {
   switch (event.RecordType) {
     case 'Bounce': {
       // Not a failure: an out-of-office or list answer proves the message arrived.
-      if (event.Type && NOT_FAILURES.has(event.Type)) return [];
+      if (event.Type && NOT_FAILURES.includes(event.Type)) return [];
       if (event.Type === 'SpamComplaint') return [{ type: 'complained', ...match }];
-      return [{ type: 'bounced', ...match, bounceType: event.Type && HARD.has(event.Type) ? 'hard' : 'soft', diagnostic: event.Details || event.Description }];
+      return [{ type: 'bounced', ...match, bounceType: event.Type && HARD.includes(event.Type) ? 'hard' : 'soft', diagnostic: event.Details || event.Description }];
     }
     case 'SpamComplaint':
       return [{ type: 'complained', ...match }];
