@@ -272,6 +272,9 @@ describe('dashboard in Chromium', () => {
     expect(refused.status()).toBe(422);
     expect(await page.locator('[role=alert]').textContent()).toContain('must be an address at acme.test');
     expect(await rows(`select 1 from senders where email = 'x@mail.acme.test'`)).toEqual([]);
+    // In place: the domain's page again, the form as it was filled in.
+    expect(await page.locator('h2', { hasText: 'DNS records to publish' }).count()).toBe(1);
+    expect([await page.inputValue('#sender-name'), await page.inputValue('#sender-email')]).toEqual(['Elsewhere', 'x@mail.acme.test']);
     await page.goto(domainPage);
     await page.fill('#sender-name', 'Acme Newsletter and Product Updates Team');
     await page.fill('#sender-email', 'news@acme.test');
@@ -279,6 +282,13 @@ describe('dashboard in Chromium', () => {
     expect(await page.locator('main').textContent()).toContain('news@acme.test');
     await page.goto(`${base}/app/domains`);
     await check('domains');
+    // A domain the API refuses: the list again, with the reason and what was typed.
+    await page.fill('#domain', 'not a domain!');
+    const [bad] = await Promise.all([page.waitForResponse((r) => r.request().method() === 'POST'), page.click('form.inline button')]);
+    expect(bad.status()).toBe(422);
+    expect(await page.locator('[role=alert]').textContent()).toContain('domain');
+    expect(await page.inputValue('#domain')).toBe('not a domain!');
+    expect(await page.locator('table').count()).toBe(1);
   });
 
   it('writes a campaign with a live preview, and schedules it in a time zone', async () => {

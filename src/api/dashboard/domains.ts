@@ -1,6 +1,8 @@
+import type { FastifyRequest } from 'fastify';
 import { announceDomainChange } from '../../shared/domains/dkim.js';
 import { createSender, listSenders } from '../../shared/domains/senders.js';
 import { createDomain, findDomain, listDomains, mailHostOf, NOT_STARTED_MESSAGE, verifyDomain } from '../../shared/domains/service.js';
+import { ValidationError } from '../../shared/errors.js';
 import { CreateDomainBody, CreateSenderBody } from '../routes/domains.js';
 import type { App } from '../types.js';
 import { formOf, noticeOf, optional, parseWith, sendPage, signedIn, type DashboardContext } from './context.js';
@@ -12,7 +14,8 @@ export async function domainPages(app: App, ctx: DashboardContext): Promise<void
   const { services } = ctx;
   const mailHost = mailHostOf(services.config.publicUrl);
 
-  app.get('/app/domains', { schema: { hide: true } }, async (request, reply) => {
+  /** The domains page; after a refused form, that form again as it was filled in, with the reason. */
+  async function listPage(request: FastifyRequest, refused?: { domain: string; error: string }) {
     const { caller, user } = signedIn(request, 'domains');
     const { items } = await listDomains(request.em, caller.organizationId, 100);
     const rows = items.map(
@@ -25,22 +28,33 @@ export async function domainPages(app: App, ctx: DashboardContext): Promise<void
     );
     const body = html`<form method="post" action="/app/domains" class="inline">
   ${csrfField(user)}
-  <div class="field"><label for="domain">Add a sending domain</label><input id="domain" name="domain" type="text" required maxlength="253" placeholder="mail.example.com"></div>
+  <div class="field"><label for="domain">Add a sending domain</label><input id="domain" name="domain" type="text" required maxlength="253" placeholder="mail.example.com" value="${refused?.domain ?? ''}"${refused ? html` aria-invalid="true"` : ''}></div>
   <div class="field"><button type="submit">Add domain</button></div>
 </form>
 ${table('Domains', ['Domain', 'Status', 'Senders', 'Added'], rows)}`;
-    return sendPage(reply, page({ title: 'Domains', active: 'domains', user, notice: noticeOf(request) }, body));
-  });
+    return page({ title: 'Domains', active: 'domains', user, notice: noticeOf(request), ...(refused ? { error: refused.error } : {}) }, body);
+  }
+
+  app.get('/app/domains', { schema: { hide: true } }, async (request, reply) => sendPage(reply, await listPage(request)));
 
   app.post('/app/domains', { schema: { hide: true } }, async (request, reply) => {
     const { caller } = signedIn(request, 'domains');
-    const input = parseWith(CreateDomainBody, { domain: optional(formOf(request).domain) ?? '' });
-    const domain = await createDomain(request.em, services.box, caller.organizationId, mailHost, input, services.clock(), services.config.maxDomainsPerOrganization);
+    const domainName = optional(formOf(request).domain) ?? '';
+    let domain;
+    try {
+      const input = parseWith(CreateDomainBody, { domain: domainName });
+      domain = await createDomain(request.em, services.box, caller.organizationId, mailHost, input, services.clock(), services.config.maxDomainsPerOrganization);
+    } catch (error) {
+      if (!(error instanceof ValidationError)) throw error;
+      // Nothing was created: the form again, with the reason.
+      return sendPage(reply, await listPage(request, { domain: domainName, error: error.message }), 422);
+    }
     await announceDomainChange(services, caller.organizationId);
     return reply.redirect(`/app/domains/${domain.id}?notice=created`, 303);
   });
 
-  app.get('/app/domains/:id', { schema: { hide: true } }, async (request, reply) => {
+  /** A domain's page; after a refused sender form, that form again as it was filled in, with the reason. */
+  async function domainPage(request: FastifyRequest, refused?: { name: string; email: string; error: string }) {
     const { caller, user } = signedIn(request, 'domains');
     const d = await findDomain(request.em, caller.organizationId, (request.params as { id: string }).id);
     const { items: senders } = await listSenders(request.em, caller.organizationId, 100);
@@ -66,12 +80,14 @@ ${table('DNS records', ['Purpose', 'Type', 'Name', 'Value', 'Status'], rows)}
 <ul>${mine.map((s) => html`<li>${s.name} &lt;${s.email}&gt;</li>`)}</ul>
 <form method="post" action="/app/domains/${d.id}/senders" class="inline">
   ${csrfField(user)}
-  <div class="field"><label for="sender-name">Name</label><input id="sender-name" name="name" type="text" required maxlength="100"></div>
-  <div class="field"><label for="sender-email">Address</label><input id="sender-email" name="email" type="email" required placeholder="news@${d.domain}"></div>
+  <div class="field"><label for="sender-name">Name</label><input id="sender-name" name="name" type="text" required maxlength="100" value="${refused?.name ?? ''}"></div>
+  <div class="field"><label for="sender-email">Address</label><input id="sender-email" name="email" type="email" required placeholder="news@${d.domain}" value="${refused?.email ?? ''}"${refused ? html` aria-invalid="true"` : ''}></div>
   <div class="field"><button type="submit">Add sender</button></div>
 </form>`;
-    return sendPage(reply, page({ title: d.domain, active: 'domains', user, notice: noticeOf(request) }, body));
-  });
+    return page({ title: d.domain, active: 'domains', user, notice: noticeOf(request), ...(refused ? { error: refused.error } : {}) }, body);
+  }
+
+  app.get('/app/domains/:id', { schema: { hide: true } }, async (request, reply) => sendPage(reply, await domainPage(request)));
 
   app.post('/app/domains/:id/verify', { schema: { hide: true } }, async (request, reply) => {
     const { caller } = signedIn(request, 'domains');
@@ -84,9 +100,15 @@ ${table('DNS records', ['Purpose', 'Type', 'Name', 'Value', 'Status'], rows)}
     const { id } = request.params as { id: string };
     const domain = await findDomain(request.em, caller.organizationId, id);
     const form = formOf(request);
-    const input = parseWith(CreateSenderBody, { name: form.name ?? '', email: form.email ?? '' });
-    // The form is this domain's: a sender of another domain would be added there, out of sight.
-    await createSender(request.em, caller.organizationId, input, services.clock(), domain);
+    const entered = { name: form.name ?? '', email: form.email ?? '' };
+    try {
+      const input = parseWith(CreateSenderBody, entered);
+      // The form is this domain's: a sender of another domain would be added there, out of sight.
+      await createSender(request.em, caller.organizationId, input, services.clock(), domain);
+    } catch (error) {
+      if (!(error instanceof ValidationError)) throw error;
+      return sendPage(reply, await domainPage(request, { ...entered, error: error.message }), 422);
+    }
     return reply.redirect(`/app/domains/${domain.id}?notice=sender_added`, 303);
   });
 }
