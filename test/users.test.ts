@@ -52,34 +52,36 @@ describe('user create and user list (docs/dashboard.md "Getting in")', () => {
     expect(JSON.parse(listed.stdout)).toEqual([user]);
   });
 
-  it('does not echo a password typed at a terminal', async () => {
-    // A terminal of its own (script(1) runs the CLI on a pseudo-terminal), typed into as a person would.
-    const command = `${process.execPath} --import tsx src/cli/main.ts user create --org ${org.organizationId} --email typed@acme.test`;
+  /**
+   * `user create --email EMAIL` on a terminal of its own (script(1) runs the CLI on a
+   * pseudo-terminal), `typed` into it as a person would once it asks for the password.
+   */
+  async function createAtTerminal(email: string, typed: string): Promise<{ code: number | null; shown: string }> {
+    const command = `${process.execPath} --import tsx src/cli/main.ts user create --org ${org.organizationId} --email ${email}`;
     const child = spawn('script', ['-qec', command, '/dev/null'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env }, stdio: ['pipe', 'pipe', 'pipe'] });
     let shown = '';
     child.stdout.on('data', (c: Buffer) => (shown += c.toString()));
     child.stderr.on('data', (c: Buffer) => (shown += c.toString()));
     const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
     await expect.poll(() => shown, { timeout: 30_000 }).toContain('Password');
-    // A typo taken back with Backspace, then Enter.
-    child.stdin.write('typed secret passphraseX\u007f\r');
-    expect(await exited).toBe(0);
+    child.stdin.write(typed);
+    const code = await exited;
     child.stdin.end();
+    return { code, shown };
+  }
+
+  it('does not echo a password typed at a terminal', async () => {
+    // A typo taken back with Backspace, then Enter.
+    const { code, shown } = await createAtTerminal('typed@acme.test', 'typed secret passphraseX\u007f\r');
+    expect(code).toBe(0);
     expect(shown).toContain('Created user');
     expect(shown).not.toContain('secret');
     expect(await checkPassword(ctx.services.orm.em.fork(), 'typed@acme.test', 'typed secret passphrase')).not.toBeNull();
   }, 60_000);
 
   it('gives up on Ctrl-C at the password prompt, in one line, creating nothing', async () => {
-    const command = `${process.execPath} --import tsx src/cli/main.ts user create --org ${org.organizationId} --email cancelled@acme.test`;
-    const child = spawn('script', ['-qec', command, '/dev/null'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env }, stdio: ['pipe', 'pipe', 'pipe'] });
-    let shown = '';
-    child.stdout.on('data', (c: Buffer) => (shown += c.toString()));
-    const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
-    await expect.poll(() => shown, { timeout: 30_000 }).toContain('Password');
-    child.stdin.write('half typed\u0003');
-    expect(await exited).toBe(1);
-    child.stdin.end();
+    const { code, shown } = await createAtTerminal('cancelled@acme.test', 'half typed\u0003');
+    expect(code).toBe(1);
     expect(shown).toContain('mailroom: cancelled: no user created');
     expect(shown).not.toMatch(/\n\s+at /);
     expect(await checkPassword(ctx.services.orm.em.fork(), 'cancelled@acme.test', 'half typed')).toBeNull();
