@@ -35,6 +35,18 @@ describe('tags (docs/audience.md)', () => {
     expect(res.json()).toMatchObject({ name: 'validation_error', details: [{ path: 'name' }] });
   });
 
+  it('refuses a name in the form of a tag id (the paths read it as an id: it could name another tag), on a tag write and on a subscriber', async () => {
+    const other = (await api('POST', '/tags', { name: 'ok' })).json();
+    for (const request of [api('POST', '/tags', { name: other.id }), api('PATCH', `/tags/${other.id}`, { name: 'tag_01m987np8h1e6kkpe44kkacw3m' })]) {
+      const res = await request;
+      expect(res.statusCode).toBe(422);
+      expect(res.json()).toMatchObject({ name: 'validation_error', details: [{ path: 'name', message: expect.stringContaining('tag id') }] });
+    }
+    const subscriber = (await api('POST', '/subscribers', { email: 'id-form@example.com', tags: [other.id, 'tag_like_but_not_an_id'] })).json();
+    expect(subscriber.tags.map((t: { name: string }) => t.name)).toEqual(['tag_like_but_not_an_id']);
+    expect(subscriber.warnings).toEqual([expect.stringContaining(`tag "${other.id}" was not applied`)]);
+  });
+
   it('renames by id or by current name', async () => {
     const t = (await api('POST', '/tags', { name: 'old name' })).json();
     const byName = await api('PATCH', '/tags/old%20name', { name: 'newer' });

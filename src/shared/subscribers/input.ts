@@ -1,6 +1,7 @@
 import countries from 'i18n-iso-countries';
 import { z } from 'zod';
 import { parseAddress } from '../verification/syntax.js';
+import { isId } from '../ids.js';
 
 /**
  * Input rules of the audience module shared by the API and the CSV import
@@ -48,12 +49,17 @@ export const FIELDS_MAX = 100;
 export const FIELD_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
 export const FIELD_VALUE_MAX = 10_000;
 
+// The tag paths read `:tag` as an id first (spec 4.7: "an id or the current name"): a name in
+// the form of a tag id could name two tags, and its own would be out of reach.
+const ID_FORM = 'must not be in the form of a tag id (tag_ and 26 characters), which the tag paths read as an id';
+
 /** Tag name of the tag endpoints (docs/audience.md): 1 to 100 characters after trimming. */
 export const TagName = z
   .string()
   .trim()
   .min(1, 'must be 1 to 100 characters')
-  .max(TAG_NAME_MAX, 'must be 1 to 100 characters');
+  .max(TAG_NAME_MAX, 'must be 1 to 100 characters')
+  .refine((name) => !isId(name, 'tag'), ID_FORM);
 
 // Lengths in characters (code points), as zod and PostgreSQL count them: an emoji is one.
 const characters = (value: string) => [...value].length;
@@ -70,6 +76,10 @@ export function cleanTagNames(names: readonly string[] | undefined): { names: st
     const name = raw.trim();
     if (name.length === 0 || characters(name) > TAG_NAME_MAX) {
       warnings.push(`tag "${shown(raw)}" was not applied: a tag name is 1 to ${TAG_NAME_MAX} characters`);
+      continue;
+    }
+    if (isId(name, 'tag')) {
+      warnings.push(`tag "${name}" was not applied: a tag name ${ID_FORM}`);
       continue;
     }
     if (!out.has(name.toLowerCase())) out.set(name.toLowerCase(), name);
