@@ -106,6 +106,8 @@ describe('POST /api/v2/verify (docs/verification.md)', () => {
     expect(res.statusCode).toBe(422);
     expect(res.json()).toMatchObject({ name: 'validation_error', statusCode: 422 });
     expect(res.json().details[0].path).toBe('email');
+    // The message names the field once, as every endpoint's does.
+    expect(res.json().message).toBe('email: is required and must be a string');
   });
 
   it('is described in the OpenAPI document', async () => {

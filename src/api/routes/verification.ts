@@ -6,7 +6,7 @@ import type { App } from '../types.js';
 export const VerifyBody = z.object({
   // Any string is checked and answered with 200 (an impossible one is `invalid_format`);
   // only a missing or non-string `email` is a 422 (docs/verification.md).
-  email: z.string({ error: 'email is required and must be a string' }),
+  email: z.string({ error: 'is required and must be a string' }),
 });
 
 const IssueSchema = z.object({
