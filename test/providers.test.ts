@@ -567,6 +567,13 @@ describe('an event about a copy recipient (cc): the address it names, as a repor
     expect([await suppressed(copy), await suppressed(email.to), await suppressed('stranger@example.com'), await lastEvent(email.id)]).toEqual([true, false, false, 'delivered']);
   });
 
+  it('an email without copies takes the event whatever address it names (forwarded mail names where it went)', async () => {
+    const email = await sent('ses-forwarded');
+    const bounce = sesEvent('Bounce', email, { bounce: { bounceType: 'Permanent', bouncedRecipients: [{ emailAddress: 'final@forwarded.example', status: '5.1.1' }] } });
+    expect(await (await postSes(snsSign(snsNotification(bounce)))).json()).toEqual({ received: 1, applied: 1, ignored: 0 });
+    expect([await lastEvent(email.id), await suppressed(email.to)]).toEqual(['bounced', true]);
+  });
+
   it('Mailgun and Postmark: a failure and a complaint naming the copy act on the copy', async () => {
     const one = await withCopy('mg-cc');
     expect((await mailgun(mailgunSigned(mailgunEvent('failed', one.email, { severity: 'permanent', recipient: one.copy })))).json()).toMatchObject({ applied: 1 });

@@ -13,7 +13,7 @@ import type { App } from '../types.js';
 const Result = z.object({
   received: z.number().int().describe('Events read from the payload'),
   applied: z.number().int().describe('Events that matched an email of this installation'),
-  ignored: z.number().int().describe('Events for messages this installation does not know, or of types it does not read'),
+  ignored: z.number().int().describe('Events for messages this installation does not know, about an address that is none of the email recipients (an email with copies), or holding text that cannot be stored'),
 });
 const Confirmed = z.object({ confirmed: z.boolean() });
 

@@ -64,8 +64,8 @@ export interface DeliveryFeedback {
   /**
    * The recipient the event is about, as the provider names it. The email's `to`, or one of its
    * copies (cc, bcc: the event then acts on that address and leaves the email's status, as a
-   * report by mail does); an address that is neither makes the event ignored. Absent (the
-   * generic webhook): the email's `to`.
+   * report by mail does); on an email with copies, an address that is neither makes the event
+   * ignored. Absent (the generic webhook), or the email has no copies: the email's `to`.
    */
   recipient?: string | undefined;
 }
@@ -241,8 +241,11 @@ export async function applyDeliveryFeedback(
       ...(event.providerMessageId ? { providerMessageId: event.providerMessageId.trim() } : {}),
     });
     if (!email) return undefined;
+    // As a report by mail (bounces/verdict.ts): without copies the `to` is the only recipient,
+    // whatever address the remote names after forwarding; with copies, the event names one of
+    // the email's recipients or is ignored (applied to the `to`, it could suppress the wrong one).
     let copy: string | undefined;
-    if (event.recipient !== undefined) {
+    if (event.recipient !== undefined && email.copies.length > 0) {
       const about = bareAddress(event.recipient);
       if (about !== email.address) {
         if (!about || !email.copies.some((c) => bareAddress(c) === about)) return undefined;
