@@ -401,8 +401,14 @@ describe('bad input gets its reply and stores nothing', () => {
       'From: a@acme.test', 'Subject: inner', 'MIME-Version: 1.0', 'Content-Type: multipart/mixed; boundary="outer"', '',
       '--outer', 'Content-Type: multipart/alternative', '', '--inner', 'Content-Type: text/plain', '', 'hi', '--inner--', '--outer--', '',
     ].join('\r\n');
-    expect(await submit(innerUnbounded)).toMatch(/^554 5\.6\.0 Message has a body, but no part of it could be read/);
+    expect(await submit(innerUnbounded)).toMatch(/^554 5\.6\.0 Message has a multipart part without its boundary/);
     expect(await counts()).toEqual(before);
+    // Empty messages are no such thing: a multipart with one empty text part (Python's
+    // MIMEMultipart() with MIMEText('')), an empty quoted-printable body.
+    const emptyPart = ['From: app@acme.test', 'To: r@example.com', 'Subject: empty part', 'MIME-Version: 1.0', 'Content-Type: multipart/mixed; boundary="b"', '', '--b', 'Content-Type: text/plain', '', '', '--b--', ''].join('\r\n');
+    expect(await submit(emptyPart)).toMatch(/^250 2\.0\.0 OK eml_/);
+    const softBreak = ['From: app@acme.test', 'To: r@example.com', 'Subject: qp', 'Content-Type: text/plain', 'Content-Transfer-Encoding: quoted-printable', '', '='].join('\r\n');
+    expect(await submit(softBreak)).toMatch(/^250 2\.0\.0 OK eml_/);
     // An HTML-only message has no text part: text is null, as html is for a text-only one.
     const htmlOnly = await submit('From: app@acme.test\r\nTo: r@example.com\r\nSubject: html only\r\nContent-Type: text/html; charset=utf-8\r\n\r\n<p>Hello</p>');
     expect((await api('GET', `/emails/${/eml_[0-9a-z]{26}/.exec(htmlOnly)![0]}`)).json()).toMatchObject({ html: '<p>Hello</p>\n', text: null });

@@ -222,10 +222,11 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   const html = typeof mail.html === 'string' ? mail.html : '';
   // The parser gives an empty text for a message with no text part: null, as html is then.
   const text = mail.text === '' && html ? null : (mail.text ?? null);
-  // A body of which no part could be read (a part inside, multipart without its boundary, say):
-  // taken, it would be sent empty.
-  if (!html && !text && mail.attachments.length === 0 && hasBody(raw)) {
-    throw replies.malformed('Message has a body, but no part of it could be read (a multipart part without its boundary?)');
+  // A part inside that is multipart without its boundary: nothing of it can be read, and taken
+  // the message would be sent empty. Refused when that is what happened (nothing was read, and
+  // such a Content-Type is there), not for a message that is simply empty.
+  if (!html && !text && mail.attachments.length === 0 && hasUnboundedMultipart(raw)) {
+    throw replies.malformed('Message has a multipart part without its boundary parameter (RFC 2046 5.1.1): no part of it could be read');
   }
   if (unstorableText(subject) || unstorableText(html) || unstorableText(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
   // As the API's html: tracking parses it, and parsers are not linear in the nesting.
@@ -288,11 +289,11 @@ function sentByOf(mail: ParsedMail): { header: string; address: string }[] {
   return out;
 }
 
-/** Whether a message has anything but white space after its header section. */
-function hasBody(raw: Buffer): boolean {
-  const crlf = raw.indexOf('\r\n\r\n');
-  const lf = raw.indexOf('\n\n');
-  const end = crlf !== -1 && (lf === -1 || crlf < lf) ? crlf + 4 : lf !== -1 ? lf + 2 : raw.length;
-  for (let i = end; i < raw.length; i++) if (raw[i] !== 0x20 && raw[i] !== 0x09 && raw[i] !== 0x0d && raw[i] !== 0x0a) return true;
+// A Content-Type header field of a multipart type, unfolded over its continuation lines.
+const MULTIPART_FIELD = /^content-type:[ \t]*multipart\/[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*/gim;
+
+/** Whether a Content-Type header of the message (or of a part in it) is multipart without a boundary. */
+function hasUnboundedMultipart(raw: Buffer): boolean {
+  for (const [field] of raw.toString('latin1').matchAll(MULTIPART_FIELD)) if (!/;\s*boundary\s*=/i.test(field)) return true;
   return false;
 }
