@@ -13,7 +13,7 @@ beforeAll(async () => {
 });
 afterAll(async () => ctx?.close());
 
-function api(method: 'GET' | 'POST' | 'PATCH', url: string, body?: unknown, as = token) {
+function api(method: 'GET' | 'POST' | 'PATCH' | 'DELETE', url: string, body?: unknown, as = token) {
   return ctx.app.inject({ method, url: `/api/v2${url}`, headers: bearer(as), ...(body === undefined ? {} : { payload: body as object }) });
 }
 
@@ -45,6 +45,15 @@ describe('tags (docs/audience.md)', () => {
     const subscriber = (await api('POST', '/subscribers', { email: 'id-form@example.com', tags: [other.id, 'tag_like_but_not_an_id'] })).json();
     expect(subscriber.tags.map((t: { name: string }) => t.name)).toEqual(['tag_like_but_not_an_id']);
     expect(subscriber.warnings).toEqual([expect.stringContaining(`tag "${other.id}" was not applied`)]);
+    // A tag named so before the rule can still be detached by its name.
+    const oldName = 'tag_01m987np8h1e6kkpe44kkacw3z';
+    const [legacy] = await ctx.services.orm.em.fork().execute<{ id: string }[]>(
+      `insert into tags (id, organization_id, name, created_at, updated_at) select 'tag_01m987np8h1e6kkpe44kkacw40', organization_id, ?, now(), now() from subscribers where id = ? returning id`,
+      [oldName, subscriber.id],
+    );
+    await ctx.services.orm.em.fork().execute('insert into subscriber_tags (subscriber_id, tag_id, created_at) values (?, ?, now())', [subscriber.id, legacy!.id]);
+    const detached = (await api('DELETE', `/subscribers/${subscriber.id}/tags`, { tags: [oldName] })).json();
+    expect(detached.tags.map((t: { name: string }) => t.name)).toEqual(['tag_like_but_not_an_id']);
   });
 
   it('renames by id or by current name', async () => {

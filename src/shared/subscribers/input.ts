@@ -69,7 +69,7 @@ function shown(value: string): string {
 }
 
 /** Usable tag names (trimmed, de-duplicated regardless of case) and a warning per bad one. */
-export function cleanTagNames(names: readonly string[] | undefined): { names: string[]; warnings: string[] } {
+export function cleanTagNames(names: readonly string[] | undefined, options: { adding: boolean } = { adding: true }): { names: string[]; warnings: string[] } {
   const out = new Map<string, string>();
   const warnings: string[] = [];
   for (const raw of names ?? []) {
@@ -78,7 +78,8 @@ export function cleanTagNames(names: readonly string[] | undefined): { names: st
       warnings.push(`tag "${shown(raw)}" was not applied: a tag name is 1 to ${TAG_NAME_MAX} characters`);
       continue;
     }
-    if (isId(name, 'tag')) {
+    // Only a new name is refused in id form: one made before the rule can still be detached.
+    if (options.adding && isId(name, 'tag')) {
       warnings.push(`tag "${name}" was not applied: a tag name ${ID_FORM}`);
       continue;
     }

@@ -159,7 +159,7 @@ interface Outcome {
  */
 async function write(deps: AudienceDeps, organizationId: string, request: WriteRequest): Promise<WriteResult> {
   const { input, operation } = request;
-  const tagInput = cleanTagNames(request.removeTags ?? input.tags);
+  const tagInput = request.removeTags ? cleanTagNames(request.removeTags, { adding: false }) : cleanTagNames(input.tags);
   const fieldInput = cleanFields(input.fields);
   const warnings = [...tagInput.warnings, ...fieldInput.warnings];
   const newEmail = input.email === undefined ? undefined : normalizeEmail(input.email);
