@@ -140,4 +140,16 @@ describe('migrate through a PgBouncer that serves only the application database'
       await only.stop();
     }
   });
+
+  it('names the database itself when it is missing there (not the postgres database the pooler does not serve)', async () => {
+    const missing = `mailroom_test_missing_${Date.now().toString(36)}`;
+    const only = await startPgBouncer({ serverConnections: 2, databases: [missing] });
+    try {
+      const url = new URL(env.config.databaseUrl);
+      url.pathname = `/${missing}`;
+      await expect(ensureDatabase(only.through(url.toString()))).rejects.toThrow(new RegExp(missing));
+    } finally {
+      await only.stop();
+    }
+  });
 });

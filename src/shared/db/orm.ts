@@ -1,6 +1,7 @@
 import { Migrator } from '@mikro-orm/migrations';
 import { MikroORM, PostgreSqlDriver, type Options } from '@mikro-orm/postgresql';
 import pg from 'pg';
+import { isDependencyDown } from '../dependency-errors.js';
 import type { Logger } from '../logger.js';
 import { entities } from './entities/index.js';
 import { migrationsList } from './migrations/index.js';
@@ -115,8 +116,13 @@ export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
     await client.connect();
   } catch (error) {
     await client.end().catch(() => {});
-    if (await connects(databaseUrl)) return false;
-    throw error;
+    // The server itself is out of reach: so is the database, and asking again only waits.
+    if (isDependencyDown(error)) throw error;
+    // The postgres database refused (not served, not allowed): the answer of the database
+    // itself says whether it exists, and why not when it does not.
+    const own = await connectionError(databaseUrl);
+    if (own === undefined) return false;
+    throw own;
   }
   try {
     const found = await client.query('select 1 from pg_database where datname = $1', [name]);
@@ -136,14 +142,14 @@ export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
   }
 }
 
-/** Whether the database of the URL takes a connection. */
-async function connects(databaseUrl: string): Promise<boolean> {
+/** Why the database of the URL refuses a connection; undefined when it takes one. */
+async function connectionError(databaseUrl: string): Promise<unknown> {
   const client = new pg.Client({ connectionString: databaseUrl, connectionTimeoutMillis: CONNECT_TIMEOUT_MS });
   try {
     await client.connect();
-    return true;
-  } catch {
-    return false;
+    return undefined;
+  } catch (error) {
+    return error;
   } finally {
     await client.end().catch(() => {});
   }
