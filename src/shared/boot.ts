@@ -86,12 +86,15 @@ function exitOnUncaught(error: Error): void {
  * PostgreSQL or Redis that is gone): what it leaves behind is what a killed process leaves,
  * which the reconcilers recover (docs/operations.md "Killing a process").
  */
-// A repeat of the first signal within this long is the same signal delivered twice (handleShutdown).
-const REPEAT_MS = 1_000;
+// Under npm, a repeat of the first signal within this long is the same signal delivered twice
+// (handleShutdown): npm passes its own on within milliseconds; a person's second Ctrl-C comes later.
+const REPEAT_MS = 300;
 
 export function handleShutdown(logger: Logger, options: { deadlineMs?: number } = {}): Shutdown {
   exitOnStartupError();
   const deadlineMs = options.deadlineMs ?? SHUTDOWN_DEADLINE_MS;
+  // Only npm (`npm start`, `npm run start:*`, which exec node) passes on a signal the process group got too.
+  const repeatMs = process.env.npm_lifecycle_event ? REPEAT_MS : 0;
   let stopping = false;
   let requested: NodeJS.Signals | undefined;
   let first: { signal: NodeJS.Signals; at: number } | undefined;
@@ -115,7 +118,7 @@ export function handleShutdown(logger: Logger, options: { deadlineMs?: number } 
       // The same signal again at once is one signal delivered twice, not a person insisting:
       // `npm start` execs node, so a signal to the process group reaches node from the kernel
       // and again from npm, which passes its own on.
-      if (first && first.signal === signal && performance.now() - first.at < REPEAT_MS) return;
+      if (first && first.signal === signal && performance.now() - first.at < repeatMs) return;
       logger.warn({ signal }, 'second signal: exiting now');
       process.exit(1);
     }

@@ -39,7 +39,7 @@ interface PostmarkEvent {
 // the answers that are no failure at all (an auto-reply, a list's subscribe or unsubscribe
 // notice, a challenge to verify the sender, an address change) are not bounces; the rest soft.
 const HARD: readonly string[] = ['HardBounce', 'BadEmailAddress'];
-const NOT_FAILURES: readonly string[] = ['AutoResponder', 'Subscribe', 'Unsubscribe', 'ChallengeVerification', 'AddressChange'];
+const NOT_FAILURES: readonly string[] = ['AutoResponder', 'Subscribe', 'Unsubscribe', 'ChallengeVerification', 'AddressChange', 'OpenRelayTest'];
 
 export function postmarkFeedback(body: unknown): DeliveryFeedback[] {
   if (!body || typeof body !== 'object' || Array.isArray(body)) return [];
