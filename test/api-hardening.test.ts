@@ -274,6 +274,8 @@ describe('malformed path parameters, query strings and bodies (docs/foundation.m
     // 08P01: PostgreSQL refused one message (e.g. a NUL in a text parameter); the connection works.
     expect(isDependencyDown(Object.assign(new Error('invalid message format'), { code: '08P01' }))).toBe(false);
     expect(isDependencyDown(Object.assign(new Error('connection failure'), { code: '08006' }))).toBe(true);
+    // The database of DATABASE_URL does not exist: 503 as /readyz says, not a 500.
+    expect(isDependencyDown(Object.assign(new Error('database "x" does not exist'), { code: '3D000' }))).toBe(true);
   });
 });
 

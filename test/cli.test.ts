@@ -128,6 +128,12 @@ describe('bad usage exits non-zero with a message', () => {
     const { code, stderr } = await runCli(['org', 'list'], { ...ctx.env.env, DATABASE_URL: url.toString() });
     expect(code).toBe(1);
     expect(stderr.trim().split('\n')).toEqual([expect.stringMatching(/^mailroom: cannot reach PostgreSQL or Redis \(.*ECONNREFUSED.*\); nothing was changed$/)]);
+    // A database that does not exist (a mistyped DATABASE_URL, or before `migrate`): one line too.
+    const missing = new URL(ctx.env.env.DATABASE_URL!);
+    missing.pathname = '/mailroom_test_no_such_database';
+    const absent = await runCli(['org', 'list'], { ...ctx.env.env, DATABASE_URL: missing.toString() });
+    expect(absent.code).toBe(1);
+    expect(absent.stderr.trim().split('\n')).toEqual([expect.stringMatching(/^mailroom: cannot reach PostgreSQL or Redis \(.*does not exist.*\); nothing was changed$/)]);
   });
 });
 

@@ -27,6 +27,9 @@ const CONNECTION_CODES = new Set([
   '57P01', // admin_shutdown
   '57P02', // crash_shutdown
   '57P03', // cannot_connect_now
+  // invalid_catalog_name: the database of DATABASE_URL does not exist (mistyped, or not made yet
+  // by `migrate`): nothing can be done until it does, as when the server is down (/readyz says so).
+  '3D000',
 ]);
 
 // `timeout expired`: pg's connect timeout (connectionTimeoutMillis) on a host that accepts the

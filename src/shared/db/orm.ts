@@ -116,8 +116,9 @@ export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
     await client.connect();
   } catch (error) {
     await client.end().catch(() => {});
-    // The server itself is out of reach: so is the database, and asking again only waits.
-    if (isDependencyDown(error)) throw error;
+    // The server itself is out of reach: so is the database, and asking again only waits (a
+    // postgres database that does not exist, 3D000, is no such case: the server answered).
+    if (isDependencyDown(error) && (error as { code?: string }).code !== '3D000') throw error;
     // The postgres database refused (not served, not allowed): the answer of the database
     // itself says whether it exists, and why not when it does not.
     const own = await connectionError(databaseUrl);
