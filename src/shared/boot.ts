@@ -77,19 +77,20 @@ function exitOnUncaught(error: Error): void {
   process.exit(1);
 }
 
-/**
- * Installs the SIGINT and SIGTERM handlers (and the start-up error exit) at once, before start-up: a signal that comes
- * while the process is still starting (connecting, migrating) is remembered, and the process
- * stops gracefully as soon as it has started, instead of dying of the signal. `stop` runs
- * once, then the process exits 0 (1 if `stop` fails). A second signal exits at once, and so
- * does a stop still unfinished after SHUTDOWN_DEADLINE_MS (a job or a close waiting on
- * PostgreSQL or Redis that is gone): what it leaves behind is what a killed process leaves,
- * which the reconcilers recover (docs/operations.md "Killing a process").
- */
 // Under npm, a repeat of the first signal within this long is the same signal delivered twice
 // (handleShutdown): npm passes its own on within milliseconds; a person's second Ctrl-C comes later.
 const REPEAT_MS = 300;
 
+/**
+ * Installs the SIGINT and SIGTERM handlers (and the start-up error exit) at once, before start-up: a signal that comes
+ * while the process is still starting (connecting, migrating) is remembered, and the process
+ * stops gracefully as soon as it has started, instead of dying of the signal. `stop` runs
+ * once, then the process exits 0 (1 if `stop` fails). A second signal exits at once (under npm,
+ * the same signal within REPEAT_MS is the first one passed on again, not a second), and so
+ * does a stop still unfinished after SHUTDOWN_DEADLINE_MS (a job or a close waiting on
+ * PostgreSQL or Redis that is gone): what it leaves behind is what a killed process leaves,
+ * which the reconcilers recover (docs/operations.md "Killing a process").
+ */
 export function handleShutdown(logger: Logger, options: { deadlineMs?: number } = {}): Shutdown {
   exitOnStartupError();
   const deadlineMs = options.deadlineMs ?? SHUTDOWN_DEADLINE_MS;
