@@ -159,6 +159,14 @@ describe('the return path (VERP)', () => {
 });
 
 describe('bounces by mail', () => {
+  it('a DSN whose diagnostic holds a NUL (a remote server wrote it) is applied, the NUL stored as U+FFFD', async () => {
+    const sent = await send('nul-diagnostic@example.com');
+    await deliver(fixture('postfix-dsn', sent).replace('Diagnostic-Code: smtp; 550 5.1.1', 'Diagnostic-Code: smtp; 550 5.1.1 a\u0000b'), sent.returnPath);
+    await until(() => getEmail(sent.id), (e) => e.last_event === 'bounced');
+    const [event] = await sql<{ details: { diagnostic: string } }>(`select details from email_events where email_id = ? and type = 'bounced'`, [sent.id]);
+    expect(event!.details.diagnostic).toContain('a\ufffdb');
+  });
+
   it('a Postfix DSN makes the email bounced, and the next send to the address fails without reaching the relay', async () => {
     const sent = await send('gone@example.com');
     await deliver(fixture('postfix-dsn', sent), sent.returnPath);

@@ -596,6 +596,11 @@ describe('provider events the service cannot store or that are no failure', () =
     expect(response.statusCode, response.body).toBe(200);
     expect(response.json()).toEqual({ received: 3, applied: 2, ignored: 1 });
     expect(await lastEvent(email.id)).toBe('complained');
+    // A diagnostic whose 2,000-character cut splits an emoji: no lone surrogate is written.
+    const long = await sent('sg-long');
+    const cut = await sendgridPost([sendgridEvent('bounce', long, { reason: `${'x'.repeat(1_999)}\u{1F600}` })]);
+    expect(cut.json()).toEqual({ received: 1, applied: 1, ignored: 0 });
+    expect(await lastEvent(long.id)).toBe('bounced');
   });
 
   it('Postmark: an AutoResponder is no bounce (ignored); BadEmailAddress is hard', async () => {

@@ -8,6 +8,9 @@ import { ValidationError } from './errors.js';
  */
 export const unstorable = (text: string): boolean => text.includes('\0') || !text.isWellFormed();
 
+/** Text made storable: each NUL and unpaired surrogate becomes U+FFFD (for text from outside that is kept, not refused). */
+export const storableText = (text: string): string => (unstorable(text) ? text.toWellFormed().replaceAll('\0', '\ufffd') : text);
+
 export const UNSTORABLE_MESSAGE = 'must not contain a NUL character (U+0000) or an unpaired UTF-16 surrogate (such as \\ud800)';
 
 /** The validation error of unstorable text found at `where` (a field's path), as every interface answers it. */

@@ -2,7 +2,6 @@ import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { AppError, NotFoundError } from '../../shared/errors.js';
 import { applyDeliveryFeedback, type DeliveryFeedback } from '../../shared/outcomes/provider-events.js';
-import { unstorable } from '../../shared/storable.js';
 import { mailgunFeedback, verifyMailgun } from '../../shared/providers/mailgun.js';
 import { postmarkAuthorized, postmarkFeedback } from '../../shared/providers/postmark.js';
 import { sendgridFeedback, sendgridKey, verifySendgrid } from '../../shared/providers/sendgrid.js';
@@ -50,12 +49,7 @@ export async function providerWebhooksRoutes(app: App): Promise<void> {
     let applied = 0;
     for (const event of events) {
       if (!event.messageId && !event.providerMessageId) continue;
-      // Text PostgreSQL cannot store: an id or an address holding it names no email (ignored);
-      // a diagnostic, the remote server's words, keeps the rest. Else one such event failed its
-      // whole batch (500), and the provider's every retry of it too.
-      if ([event.messageId, event.providerMessageId, event.recipient].some((v) => v !== undefined && unstorable(v))) continue;
-      const diagnostic = event.diagnostic === undefined ? undefined : event.diagnostic.toWellFormed().replaceAll('\0', '\ufffd');
-      if (await applyDeliveryFeedback(app.services.orm.em.fork(), { ...event, diagnostic }, { metrics, now: clock() })) applied++;
+      if (await applyDeliveryFeedback(app.services.orm.em.fork(), event, { metrics, now: clock() })) applied++;
     }
     return { received: events.length, applied, ignored: events.length - applied };
   }

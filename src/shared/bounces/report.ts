@@ -1,4 +1,5 @@
 import { simpleParser, type Attachment, type ParsedMail } from 'mailparser';
+import { storableText } from '../storable.js';
 import { bareAddress, bareMessageId, parseFieldBlocks, parseHeaderBlock, type Fields } from './fields.js';
 
 /** One recipient block of an RFC 3464 delivery status notification. */
@@ -56,7 +57,27 @@ const QUOTED_COPY =
  * sender (`''` for the null sender `<>` that every DSN carries).
  */
 export async function readReport(raw: Buffer, mailFrom: string): Promise<ReadReport> {
-  return readDsnDirectly(raw) ?? readWithMailparser(raw, mailFrom);
+  const text = withoutNul(raw);
+  return readDsnDirectly(text) ?? readWithMailparser(text, mailFrom);
+}
+
+const REPLACEMENT = Buffer.from('\ufffd');
+
+/**
+ * The report with each NUL byte as U+FFFD: what is read from it (a diagnostic, an id, an
+ * address) is written to PostgreSQL, which stores no NUL, and a remote server may write one.
+ * Else the report, and every other report of its job, failed on each try.
+ */
+function withoutNul(raw: Buffer): Buffer {
+  if (!raw.includes(0)) return raw;
+  const parts: Buffer[] = [];
+  let from = 0;
+  for (let at = raw.indexOf(0); at !== -1; at = raw.indexOf(0, from)) {
+    parts.push(raw.subarray(from, at), REPLACEMENT);
+    from = at + 1;
+  }
+  parts.push(raw.subarray(from));
+  return Buffer.concat(parts);
 }
 
 /** The parts of a message a report is read from, whichever way they were found. */
@@ -212,7 +233,8 @@ function recipientStatus(block: Fields): RecipientStatus {
     status: ENHANCED_STATUS.test(status) ? status : null,
     finalRecipient: bareAddress(block.get('final-recipient')),
     originalRecipient: bareAddress(block.get('original-recipient')),
-    diagnostic: diagnostic ? diagnostic.replace(/^[a-z-]+;\s*/i, '').slice(0, 1_000) : null,
+    // Cut, then made storable: the cut may split a surrogate pair, which jsonb refuses.
+    diagnostic: diagnostic ? storableText(diagnostic.replace(/^[a-z-]+;\s*/i, '').slice(0, 1_000)) : null,
   };
 }
 

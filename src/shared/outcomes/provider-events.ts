@@ -2,6 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { z } from 'zod';
 import { bareAddress } from '../bounces/fields.js';
 import { NotFoundError } from '../errors.js';
+import { storableText } from '../storable.js';
 import type { Metrics } from '../metrics.js';
 import { historyKey } from '../verification/history.js';
 import { toRecord } from '../subscribers/rows.js';
@@ -131,13 +132,17 @@ async function recordFeedback(tx: EntityManager, emails: ReadonlyMap<string, Fee
     row[column] = now;
   };
 
+  // A diagnostic is the remote server's words, whatever the source: kept (its first 2,000
+  // characters), made storable after the cut, which may split a surrogate pair (a NUL or a lone
+  // surrogate failed every write of the batch, on every retry).
+  items = items.map((item) => (item.diagnostic === undefined ? item : { ...item, diagnostic: storableText(item.diagnostic.slice(0, 2_000)) }));
   const planned = items.map((item, i) => {
     const email = emails.get(item.emailId);
     if (!email) return undefined;
     const bounceType = item.type === 'bounced' ? (item.bounceType ?? 'hard') : undefined;
     const details = {
       ...(bounceType ? { bounceType } : {}),
-      ...(item.diagnostic ? { diagnostic: item.diagnostic.slice(0, 2_000) } : {}),
+      ...(item.diagnostic ? { diagnostic: item.diagnostic } : {}),
       ...(item.copy ? { recipient: item.copy } : {}),
     };
     const key = deliveryEventKey(email.id, item.type, item.copy);

@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { sqlOf, withConnection } from '../db/sql.js';
+import { unstorable } from '../storable.js';
 import type { SubscriberRow } from '../subscribers/rows.js';
 
 /**
@@ -108,11 +109,12 @@ const PROVIDER_FEEDBACK_EMAIL = `select e.id, e.organization_id, email_bare_addr
 
 /** The email a provider event names, by the Message-ID mailroom set, else by the relay's id; locked. */
 export async function lockEmailByMessageId(em: EntityManager, ids: { messageId?: string; providerMessageId?: string }): Promise<ProviderFeedbackEmail | undefined> {
-  if (ids.messageId) {
+  // An id PostgreSQL cannot store names no email (and would fail the statement).
+  if (ids.messageId && !unstorable(ids.messageId)) {
     const [email] = await query<ProviderFeedbackEmail>(em, `${PROVIDER_FEEDBACK_EMAIL} where e.message_id = ? limit 1 for update`, [ids.messageId]);
     if (email) return email;
   }
-  if (ids.providerMessageId) {
+  if (ids.providerMessageId && !unstorable(ids.providerMessageId)) {
     const [email] = await query<ProviderFeedbackEmail>(em, `${PROVIDER_FEEDBACK_EMAIL} where e.provider_message_id = ? limit 1 for update`, [ids.providerMessageId]);
     if (email) return email;
   }
