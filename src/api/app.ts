@@ -13,7 +13,7 @@ import { finishOpenApi } from './openapi.js';
 import { installValidationMessages, singleValuedQuery, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook } from './plugins/auth.js';
-import { clientErrorHandler, frameworkError, registerErrorHandling } from './plugins/errors.js';
+import { clientErrorHandler, frameworkError, registerErrorHandling, validationStatusOf } from './plugins/errors.js';
 import { countAnswer, registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
@@ -78,10 +78,7 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
     if (text === '') return done(null, undefined);
     // Valid JSON the service will not take is a validation error of the body, in the route's
     // status (400 on the routes the spec gives it), not `invalid_json`.
-    const refuse = (message: string) => {
-      const status = request.routeOptions.config?.validationStatus ?? 422;
-      done(new ValidationError(`body: ${message}`, [{ path: 'body', message }], status), undefined);
-    };
+    const refuse = (message: string) => done(new ValidationError(`body: ${message}`, [{ path: 'body', message }], validationStatusOf(request)), undefined);
     if (jsonNestedDeeperThan(text)) return refuse(JSON_TOO_DEEP);
     return parseJson(request, text, (error, value) => {
       // Refused by the safe parser, yet JSON: prototype poisoning (a `__proto__` key, or

@@ -32,11 +32,16 @@ function detailPath(context: string | undefined, instancePath: string): string {
   return path || 'body';
 }
 
+/** The status of a route's validation errors: 422, or the 400 the spec gives some routes (`config.validationStatus`). */
+export function validationStatusOf(request: FastifyRequest): number {
+  return request.routeOptions.config?.validationStatus ?? 422;
+}
+
 /** The one error handler of the service: every failure leaves as the spec's error body. */
 export function toErrorBody(error: unknown, request: FastifyRequest): ErrorBody {
   if (error instanceof AppError) return errorBody(error.statusCode, error.errorName, error.message, error.details);
   if (hasZodFastifySchemaValidationErrors(error)) {
-    const status = request.routeOptions.config?.validationStatus ?? 422;
+    const status = validationStatusOf(request);
     const context = (error as { validationContext?: string }).validationContext;
     if (context === 'params') {
       // A path parameter names a resource: one that fails its schema (an id too long)
@@ -96,7 +101,7 @@ function refuseNul(request: FastifyRequest, _reply: FastifyReply, done: (error?:
   if (unstorablePath(request.params, 'params')) return done(new NotFoundError('No resource has a name or id with a NUL character or an unpaired surrogate'));
   const where = unstorablePath(request.query, 'querystring') ?? (request.body === undefined ? undefined : unstorablePath(request.body, 'body'));
   if (!where) return done();
-  done(unstorableError(where, request.routeOptions.config?.validationStatus ?? 422));
+  done(unstorableError(where, validationStatusOf(request)));
 }
 
 /**
