@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { sqlOf, withConnection } from '../db/sql.js';
+import { EMAIL_COPIES } from '../outcomes/queries.js';
 import { newId } from '../ids.js';
 
 /**
@@ -102,8 +103,7 @@ export interface ReportEmail {
   copies: string[];
 }
 
-const EMAIL_COLUMNS = `e.id, e.organization_id, e.message_id, e.from_address, email_bare_address(e.to_address) as address,
-  coalesce(e.cc, '[]'::jsonb) || coalesce(e.bcc, '[]'::jsonb) as copies`;
+const EMAIL_COLUMNS = `e.id, e.organization_id, e.message_id, e.from_address, email_bare_address(e.to_address) as address, ${EMAIL_COPIES} as copies`;
 
 export async function emailsById(em: EntityManager, ids: string[]): Promise<Map<string, ReportEmail>> {
   const rows = await sqlOf(em).query<ReportEmail>(

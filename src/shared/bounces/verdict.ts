@@ -20,6 +20,18 @@ export interface MatchedEmail {
 const DIAGNOSTIC_MAX = 1_000;
 
 /**
+ * Which recipient of the email a report or a provider event is about, by the (bare, lower-cased)
+ * address it names (docs/outcomes.md "Copy recipients"): the `to` ({}) when the email has no
+ * copies (forwarded mail names where it went), when it names none (null) or names the `to`; a
+ * copy when it names one; undefined (no recipient of the email: ignored) when it names another
+ * address on an email with copies, where applying it to the `to` could suppress the wrong one.
+ */
+export function aboutRecipient(named: string | null, email: MatchedEmail): { copy?: string } | undefined {
+  if (email.copies.length === 0 || named === null || named === email.to) return {};
+  return email.copies.includes(named) ? { copy: named } : undefined;
+}
+
+/**
  * - DSN: `Action: failed` with a 5.x.x status is a hard bounce, 4.x.x a soft one;
  *   `Action: delayed` is a delay; other actions (delivered, relayed, expanded) change nothing.
  * - ARF: `Feedback-Type: abuse` is a complaint; other feedback types change nothing.
@@ -58,11 +70,9 @@ export function verdictOf(report: ReadReport, email: MatchedEmail): Verdict {
     }
     case 'arf': {
       if (content.feedbackType !== 'abuse') return { type: 'ignored', reason: `feedback type ${content.feedbackType.slice(0, 40)} is not a complaint` };
-      if (email.copies.length > 0 && content.recipient !== null && content.recipient !== email.to) {
-        if (!email.copies.includes(content.recipient)) return { type: 'ignored', reason: 'the report names no recipient of the email' };
-        return { type: 'complained', diagnostic: 'Feedback-Type: abuse', copy: content.recipient };
-      }
-      return { type: 'complained', diagnostic: 'Feedback-Type: abuse' };
+      const about = aboutRecipient(content.recipient, email);
+      if (!about) return { type: 'ignored', reason: 'the report names no recipient of the email' };
+      return { type: 'complained', diagnostic: 'Feedback-Type: abuse', ...about };
     }
     case 'unstructured': {
       if (!content.fromDaemon) return { type: 'ignored', reason: 'not a report, and not from a mailer-daemon' };

@@ -1,6 +1,7 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { z } from 'zod';
 import { bareAddress } from '../bounces/fields.js';
+import { aboutRecipient } from '../bounces/verdict.js';
 import { NotFoundError } from '../errors.js';
 import { storableText } from '../storable.js';
 import type { Metrics } from '../metrics.js';
@@ -246,18 +247,12 @@ export async function applyDeliveryFeedback(
       ...(event.providerMessageId ? { providerMessageId: event.providerMessageId.trim() } : {}),
     });
     if (!email) return undefined;
-    // As a report by mail (bounces/verdict.ts): without copies the `to` is the only recipient,
-    // whatever address the remote names after forwarding; with copies, the event names one of
-    // the email's recipients or is ignored (applied to the `to`, it could suppress the wrong one).
-    let copy: string | undefined;
-    if (event.recipient !== undefined && email.copies.length > 0) {
-      const about = bareAddress(event.recipient);
-      if (about !== email.address) {
-        if (!about || !email.copies.some((c) => bareAddress(c) === about)) return undefined;
-        copy = about;
-      }
-    }
-    const item: FeedbackItem = { emailId: email.id, type: event.type, bounceType: event.bounceType, diagnostic: event.diagnostic, ...(copy ? { copy } : {}) };
+    // The recipient it names, as a report by mail's (a text that is no address names none of them).
+    const named = event.recipient === undefined ? null : (bareAddress(event.recipient) ?? event.recipient);
+    const copies = email.copies.map((c) => bareAddress(c)).filter((c): c is string => c !== null);
+    const about = aboutRecipient(named, { to: email.address, copies });
+    if (!about) return undefined;
+    const item: FeedbackItem = { emailId: email.id, type: event.type, bounceType: event.bounceType, diagnostic: event.diagnostic, ...about };
     const [result] = await recordFeedback(tx as EntityManager, new Map([[email.id, email]]), [item], deps.now);
     return { item, result: result! };
   });

@@ -97,15 +97,18 @@ export interface FeedbackEmail {
   delivery_status: string | null;
 }
 
-const FEEDBACK_EMAIL = `select e.id, e.organization_id, email_bare_address(e.to_address) as address, e.delivery_status from emails e`;
+const FEEDBACK_COLUMNS = `e.id, e.organization_id, email_bare_address(e.to_address) as address, e.delivery_status`;
+const FEEDBACK_EMAIL = `select ${FEEDBACK_COLUMNS} from emails e`;
 
-/** An email a provider event names, with its copy recipients (cc, bcc, as given: the event may be about one). */
-export interface ProviderFeedbackEmail extends FeedbackEmail {
+/** An email's copy recipients (cc, then bcc, as given: `addr` or `Name <addr>`), as one jsonb array. */
+export const EMAIL_COPIES = `coalesce(e.cc, '[]'::jsonb) || coalesce(e.bcc, '[]'::jsonb)`;
+
+/** An email a provider event names, with its copy recipients (the event may be about one). */
+interface ProviderFeedbackEmail extends FeedbackEmail {
   copies: string[];
 }
 
-const PROVIDER_FEEDBACK_EMAIL = `select e.id, e.organization_id, email_bare_address(e.to_address) as address, e.delivery_status,
-  coalesce(e.cc, '[]'::jsonb) || coalesce(e.bcc, '[]'::jsonb) as copies from emails e`;
+const PROVIDER_FEEDBACK_EMAIL = `select ${FEEDBACK_COLUMNS}, ${EMAIL_COPIES} as copies from emails e`;
 
 /** The email a provider event names, by the Message-ID mailroom set, else by the relay's id; locked. */
 export async function lockEmailByMessageId(em: EntityManager, ids: { messageId?: string; providerMessageId?: string }): Promise<ProviderFeedbackEmail | undefined> {
