@@ -5,7 +5,7 @@
  * of a few thousand levels overflowed the stack, a 500 for a 35 KB request. No request needs
  * more than a few dozen; a tiptap document of 250 nested elements fits.
  */
-export const MAX_JSON_DEPTH = 512;
+const MAX_JSON_DEPTH = 512;
 export const JSON_TOO_DEEP = `is nested deeper than ${MAX_JSON_DEPTH} levels`;
 
 /** Whether `text` holds more than `max` of `character` (indexOf: native speed, and it stops at max + 1). */

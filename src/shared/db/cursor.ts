@@ -3,7 +3,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { ValidationError } from '../errors.js';
 
 /** A list's page request (docs/foundation.md "Identifiers, time and lists"). */
-export interface CursorQuery {
+interface CursorQuery {
   limit: number;
   /** An id of the list: the items older than it. */
   after?: string;

@@ -3,7 +3,7 @@ import type { ContentKind, EmailSource, EmailTag } from '../db/entities/email.js
 import { hasLineBreak, parseMailbox } from './addresses.js';
 import { unstorableInJsonText } from '../storable.js';
 import { JSON_TOO_DEEP, jsonNestedDeeperThan } from '../json-depth.js';
-import { markdownNestedTooDeep, MAX_CONTENT_CHARS, MAX_MARKDOWN_NESTING, MAX_NESTING, nestedTooDeep, tiptapProblem } from './render.js';
+import { MARKDOWN_NESTING, markdownNestedTooDeep, MAX_CONTENT_CHARS, MAX_NESTING, nestedTooDeep, tiptapProblem } from './render.js';
 
 /**
  * The send body of docs/emails.md "Validation", shared by `POST /emails`, the batch and any
@@ -58,7 +58,7 @@ export const SendEmailBody = z
       .max(MAX_SUBJECT, `at most ${MAX_SUBJECT} characters`)
       .refine((v) => !hasLineBreak(v), 'must not contain CR or LF'),
     html: content().min(1).refine((html) => !nestedTooDeep(html), `is nested deeper than ${MAX_NESTING} elements`).optional(),
-    markdown: content().min(1).refine((markdown) => !markdownNestedTooDeep(markdown), `is nested deeper than ${MAX_MARKDOWN_NESTING} levels (block quotes and lists)`).optional(),
+    markdown: content().min(1).refine((markdown) => !markdownNestedTooDeep(markdown), MARKDOWN_NESTING).optional(),
     tiptap: z
       .union([z.record(z.string(), z.unknown()), content()])
       .optional()

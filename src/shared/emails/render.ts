@@ -104,8 +104,10 @@ const marked = new Marked({ gfm: true, breaks: false, async: false });
  * content limit) took 1.6 s and 1.6 GB to render, 1,000 nested list items 4 s. No email nests
  * a hundred deep.
  */
-export const MAX_MARKDOWN_NESTING = 100;
-export const MARKDOWN_TOO_DEEP = `markdown is nested deeper than ${MAX_MARKDOWN_NESTING} levels (block quotes and lists)`;
+const MAX_MARKDOWN_NESTING = 100;
+/** What markdown nested deeper is, as a field's validation message (`markdown: …`). */
+export const MARKDOWN_NESTING = `is nested deeper than ${MAX_MARKDOWN_NESTING} levels (block quotes and lists)`;
+const MARKDOWN_TOO_DEEP = `markdown ${MARKDOWN_NESTING}`;
 // The container markers a line opens with: `>`, and list markers followed by a blank or the end.
 const MARKDOWN_CONTAINERS = /^(?:[ \t]*(?:>|[-+*](?=[ \t]|$)|\d{1,9}[.)](?=[ \t]|$)))+/;
 const MARKDOWN_MARKER = /([ \t]*)(?:>|[-+*]|\d{1,9}[.)])/g;
