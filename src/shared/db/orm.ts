@@ -1,7 +1,6 @@
 import { Migrator } from '@mikro-orm/migrations';
 import { MikroORM, PostgreSqlDriver, type Options } from '@mikro-orm/postgresql';
 import pg from 'pg';
-import { isDependencyDown } from '../dependency-errors.js';
 import type { Logger } from '../logger.js';
 import { entities } from './entities/index.js';
 import { migrationsList } from './migrations/index.js';
@@ -116,9 +115,9 @@ export async function ensureDatabase(databaseUrl: string): Promise<boolean> {
     await client.connect();
   } catch (error) {
     await client.end().catch(() => {});
-    // The server itself is out of reach: so is the database, and asking again only waits (a
-    // postgres database that does not exist, 3D000, is no such case: the server answered).
-    if (isDependencyDown(error) && (error as { code?: string }).code !== '3D000') throw error;
+    // No answer from the server (refused, timed out): the database would give none either, and
+    // asking again only waits. An answer (an error of the server or of a pooler) falls through.
+    if (!(error instanceof pg.DatabaseError)) throw error;
     // The postgres database refused (not served, not allowed): the answer of the database
     // itself says whether it exists, and why not when it does not.
     const own = await connectionError(databaseUrl);
