@@ -5,8 +5,7 @@ import multipart from '@fastify/multipart';
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import type { Services } from '../../shared/container.js';
-import { isDependencyDown } from '../../shared/dependency-errors.js';
-import { errorHeaders } from '../plugins/errors.js';
+import { errorHeaders, toErrorBody } from '../plugins/errors.js';
 import { AppError, NotFoundError } from '../../shared/errors.js';
 import { unstorableError, unstorablePath } from '../../shared/storable.js';
 import { checkPassword, PASSWORD_MAX } from '../../shared/users/service.js';
@@ -169,18 +168,19 @@ export async function dashboard(app: App, options: { tokenCache: TokenCache }): 
   });
 
   app.setErrorHandler((error: Error & { statusCode?: number }, request, reply) => {
-    // PostgreSQL or Redis unreachable: 503 with Retry-After, as the API answers (docs/operations.md).
-    const down = !(error instanceof AppError) && isDependencyDown(error);
-    const status = error instanceof AppError ? error.statusCode : down ? 503 : error.statusCode && error.statusCode < 500 ? error.statusCode : 500;
+    // The API's status and headers for the same error (PostgreSQL or Redis unreachable: 503 with
+    // Retry-After, docs/operations.md), with words for a person.
+    const body = toErrorBody(error, request);
+    const status = body.statusCode;
+    const down = status === 503 && !(error instanceof AppError);
     if (down) request.log.warn({ err: error }, 'dashboard request failed: a dependency is unavailable');
     else if (status >= 500) request.log.error({ err: error }, 'dashboard request failed');
-    // The API's headers of the same status (Retry-After on a 503).
-    errorHeaders(error, { name: '', message: '', statusCode: status }, reply);
+    errorHeaders(error, body, reply);
     const message = down
       ? 'mailroom cannot reach its database or queue right now; nothing was changed. Try again in a moment.'
       : status >= 500
         ? 'Something went wrong on our side; nothing was changed. Try again in a moment.'
-        : error.message;
+        : body.message;
     if (request.headers['hx-request']) return sendPage(reply, html`<p class="error" role="alert">${message}</p>`, 200);
     const user = request.dashboard?.user;
     return sendPage(reply, page({ title: status === 404 ? 'Not found' : 'That did not work', user, error: message }, html`<p><a href="/app">Back to the dashboard</a></p>`), status);
