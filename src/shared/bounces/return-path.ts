@@ -92,9 +92,10 @@ export function returnPathHost(fromDomain: string, ownDomain: boolean, bounceDom
 /**
  * Whether a host can be a return-path host at all: BOUNCE_DOMAIN, or the return-path label of
  * some domain (`bounces.{domain}`). Which domain is the email's own is known only once the email
- * is read (the worker checks it); the listener refuses any other host at RCPT.
+ * is read (the worker checks it); the listener refuses any other host at RCPT. `host` as
+ * `verify` gives it, `bounceDomain` as the config does.
  */
 export function isReturnPathHost(host: string, bounceDomain: string): boolean {
-  const lower = host.toLowerCase().replace(/\.$/, '');
-  return lower === bounceDomain.toLowerCase() || (lower.startsWith(`${RETURN_PATH_LABEL}.`) && lower.length > RETURN_PATH_LABEL.length + 1);
+  // Both normalized already: the host by `verify` (lower case, no final dot), BOUNCE_DOMAIN by the config.
+  return host === bounceDomain || (host.startsWith(`${RETURN_PATH_LABEL}.`) && host.length > RETURN_PATH_LABEL.length + 1);
 }
