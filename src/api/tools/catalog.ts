@@ -165,7 +165,7 @@ export const tools: Tool[] = [
     permission: 'campaigns',
     inputSchema: z.object({
       limit: Limit.optional().describe('1 to 100, default 20'),
-      after: ListCampaignsQuery.shape.after.describe('A campaign id: list campaigns older than it'),
+      after: ListCampaignsQuery.shape.after,
       before: ListCampaignsQuery.shape.before,
       status: ListCampaignsQuery.shape.status,
     }),
