@@ -17,7 +17,7 @@ const booleanish = z
  * their own messages): Number() alone would take `0x10` or `1e3`, almost certainly typos,
  * silently (contract 2: an invalid value stops start-up).
  */
-const integer = (refine: (n: z.ZodNumber) => z.ZodNumber) => wholeNumber(refine(z.number().int()), { signed: true, trimmed: true });
+const integer = (refine: (n: z.ZodNumber) => z.ZodNumber) => wholeNumber(refine(z.number().int()), { variable: true });
 
 const optionalPositiveInt = integer((n) => n.positive()).optional();
 
