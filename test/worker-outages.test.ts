@@ -116,6 +116,9 @@ describe('worker process metrics (WORKER_METRICS_PORT)', () => {
     const missing = await fetch(`${base}/api/v2/tokens`);
     expect(missing.status).toBe(404);
     expect(((await missing.json()) as { name: string }).name).toBe('not_found');
+    // Without ADMIN_PASSWORD, /metrics is this host's only: not a client a proxy on it forwards.
+    expect((await fetch(`${base}/metrics`)).status).toBe(200);
+    expect((await fetch(`${base}/metrics`, { headers: { 'x-forwarded-for': '203.0.113.9' } })).status).toBe(403);
   });
 
   it('counts a job that puts itself back to wait neither as failed nor as completed until it completes', async () => {
