@@ -1,4 +1,5 @@
 import { generateKeyPairSync } from 'node:crypto';
+import { availableParallelism } from 'node:os';
 import { describe, expect, it } from 'vitest';
 import { localPublicUrl } from '../src/shared/boot.js';
 import { ConfigError, DEVELOPMENT_SECRET_KEY, loadConfig } from '../src/shared/config.js';
@@ -46,6 +47,8 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
     expect(config.workerMetricsPort).toBeUndefined();
     expect(config.providerWebhookSecret).toBeUndefined();
     expect(config.adminPassword).toBeUndefined();
+    // One delivery thread where there is a second core to run it on.
+    expect(config.mail.threads).toBe(availableParallelism() > 1 ? 1 : 0);
   });
 
   it('treats an empty or blank variable as unset', () => {
@@ -105,6 +108,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       EMAIL_RETENTION_DAYS: '90',
       SYSTEM_FROM: 'robot@mail.example.com',
       SMTP_MAX_CONNECTIONS: '8',
+      DELIVERY_THREADS: '3',
       HEAP_GROWING_PERCENT: '0',
     });
     expect(config).toEqual({
@@ -118,7 +122,7 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
       publicUrl: 'https://mail.example.com',
       secretKey: 'k'.repeat(32),
       usingDevelopmentSecret: false,
-      mail: { transport: 'smtp', outboxDir: '/var/outbox', smtpUrl: 'smtp://user:pass@relay:587', ratePerSecond: 14, maxConnections: 8 },
+      mail: { transport: 'smtp', outboxDir: '/var/outbox', smtpUrl: 'smtp://user:pass@relay:587', ratePerSecond: 14, maxConnections: 8, threads: 3 },
       dnsServers: ['1.1.1.1', '127.0.0.1:5353', '[::1]:53'],
       verifyMonthlyQuota: 0,
       campaignFanoutPage: 500,

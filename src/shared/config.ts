@@ -1,3 +1,4 @@
+import { availableParallelism } from 'node:os';
 import { z } from 'zod';
 import { wholeNumber } from './whole-number.js';
 import { normalizeHostname } from './domains/hostname.js';
@@ -107,6 +108,9 @@ const envSchema = z
     RATE_LIMIT_PER_SECOND: integer((n) => n.positive()).default(50),
     MAIL_RATE_PER_SECOND: optionalPositiveInt,
     SMTP_MAX_CONNECTIONS: integer((n) => n.min(1).max(1000)).default(16),
+    // Threads of a worker process that render and build the mail it delivers (docs/operations.md
+    // "Delivery threads"); 0: on the event loop, the default on one core (nothing to gain there).
+    DELIVERY_THREADS: integer((n) => n.min(0).max(64)).default(availableParallelism() > 1 ? 1 : 0),
     // V8's heap growth between major collections (docs/operations.md "Memory"); 0: V8's own.
     HEAP_GROWING_PERCENT: integer((n) => n.min(0).max(1000)).default(100),
     EMAIL_RECONCILE_EVERY_MS: optionalPositiveInt,
@@ -246,6 +250,8 @@ export interface Config {
     ratePerSecond?: number;
     /** SMTP connections to the relay a sending process keeps open at most. */
     maxConnections: number;
+    /** Threads of a sending process that render and build its messages (0: its event loop). */
+    threads: number;
   };
   dnsServers?: string[];
   verifyMonthlyQuota: number;
@@ -345,6 +351,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
       smtpUrl: e.SMTP_URL,
       ratePerSecond: e.MAIL_RATE_PER_SECOND,
       maxConnections: e.SMTP_MAX_CONNECTIONS,
+      threads: e.DELIVERY_THREADS,
     },
     dnsServers: e.DNS_SERVERS,
     verifyMonthlyQuota: e.VERIFY_MONTHLY_QUOTA,

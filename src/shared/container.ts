@@ -8,6 +8,7 @@ import { createDns, type DnsService } from './dns/resolver.js';
 import { DkimKeyCache, dkimOptionsFor } from './domains/dkim.js';
 import { DeliveryStore } from './emails/deliver.js';
 import { HandoverFence } from './emails/handover.js';
+import { offLoop } from './emails/off-loop.js';
 import { RenderPool } from './emails/render-pool.js';
 import { EmailWriter } from './emails/service.js';
 import { createMailTransport, type MailTransport } from './emails/transport.js';
@@ -48,6 +49,8 @@ export interface Services {
   mailer: MailTransport;
   /** Worker threads that render for the API (security: never on the API's event loop). */
   render: RenderPool;
+  /** Threads that render and build the mail this process delivers (DELIVERY_THREADS; none at 0). */
+  deliveryThreads?: RenderPool;
   /** RATE_LIMIT_ORG_PER_SECOND per organization, for every interface of this process. */
   orgLimiter: WindowRateLimiter;
   /** Signs and verifies the per-email return paths (bounces by mail, docs/outcomes.md "The return path (VERP)"). */
@@ -96,6 +99,9 @@ export interface VerificationState {
 // A campaign's fan-out brings a hundred batches at once; each expansion queues thousands of
 // job additions on the producer's connection.
 const SEND_BATCH_EXPANSIONS = 4;
+// Messages a delivery thread is given before it answered the first: enough to keep it busy
+// while answers travel back (a worker runs up to 100 send jobs at once).
+const DELIVERY_TASKS_PER_THREAD = 32;
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
   const orm = await initOrm({ databaseUrl: config.databaseUrl, logger, namedStatements: config.databasePreparedStatements });
@@ -110,6 +116,10 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const metrics = createMetrics({ producer, orm, logger });
   const dkimKeys = new DkimKeyCache();
   const signer = new LinkSigner(config.secretKey);
+  // Started on the first message a process delivers, stopped after a minute without one. Its
+  // queue needs no bound of its own: the send jobs running at once bound it.
+  const deliveryThreads = config.mail.threads > 0 ? new RenderPool({ threads: config.mail.threads, tasksPerThread: DELIVERY_TASKS_PER_THREAD, timeoutMs: 60_000, maxQueue: Infinity }) : undefined;
+  const delivery = offLoop(deliveryThreads, logger);
   const sendGate = new SendGate({ publicUrl: config.publicUrl, signer, onSuppressed: () => metrics.emailsFailed.inc({ reason: 'suppressed' }) });
 
   // Made on first read, then kept; what has to be stopped is stopped by closeServices, in order.
@@ -135,6 +145,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     dns: await createDns(redis, config, { logger, metrics }),
     metrics,
     mailer: createMailTransport(config.mail, {
+      compose: delivery.compose,
       // Mail from a domain of the organization is signed with that domain's key
       // (docs/domains.md "DKIM signing").
       // A process that signs hears of added and deleted domains from its first signature on.
@@ -147,6 +158,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       logger,
     }),
     render: new RenderPool({ threads: 2, timeoutMs: 30_000 }),
+    ...(deliveryThreads ? { deliveryThreads } : {}),
     orgLimiter: organizationRateLimiter({ redis, config }),
     returnPaths,
     snsCertificates: new SnsCertificates(),
@@ -155,7 +167,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     tokenLimiter: tokenRateLimiter({ redis, config }),
     sendBatchExpansions: pLimit(SEND_BATCH_EXPANSIONS),
     get deliveryStore() {
-      return once('deliveryStore', () => new DeliveryStore(orm, new HandoverFence(redis, config.redisPrefix), sendGate, { signer, publicUrl: config.publicUrl }));
+      return once('deliveryStore', () => new DeliveryStore(orm, new HandoverFence(redis, config.redisPrefix), sendGate, { signer, publicUrl: config.publicUrl }, delivery.render));
     },
     get emailWriter() {
       return once('emailWriter', () => new EmailWriter(orm, { producer, logger }));
@@ -211,6 +223,7 @@ export async function closeServices(services: Services): Promise<void> {
   services.dkimKeys.close();
   services.mailer.close();
   await services.render.close().catch(() => {});
+  await services.deliveryThreads?.close().catch(() => {});
   await services.orm.close(true);
 }
 

@@ -8,7 +8,7 @@ import type { LinkSigner } from '../crypto.js';
 import { personalizeCampaignEmail } from '../campaigns/personalize.js';
 import { mailboxDomain } from './addresses.js';
 import { relayMessageId } from '../providers/relay-id.js';
-import { renderEmail } from './render.js';
+import { renderEmail, type Rendered, type RenderInput } from './render.js';
 import { classifySendError, type MailTransport } from './transport.js';
 import { loadSubmittedParts } from '../submission/queries.js';
 import type { SendGate } from '../outcomes/send-gate.js';
@@ -89,6 +89,8 @@ export class DeliveryStore {
     readonly gate?: SendGate,
     /** Signs the unsubscribe links of campaign emails; without it they cannot be sent. */
     private readonly links?: { signer: LinkSigner; publicUrl: string },
+    /** Renders an email's body (off-loop.ts: in the delivery thread); on the event loop without it. */
+    private readonly render: (input: RenderInput) => Promise<Rendered> = async (input) => renderEmail(input),
   ) {
     this.claims = new Coalescer(async (ids) => {
       // The same id twice in one statement would be claimed once but returned to both
@@ -130,14 +132,14 @@ export class DeliveryStore {
    * The message of a claimed row. A campaign email's template was rendered once by the
    * fan-out: it is only personalised here, not rendered again.
    */
-  message(row: ClaimedRow): Message {
+  async message(row: ClaimedRow): Promise<Message> {
     if (row.content_kind === 'campaign') {
       if (!this.links) throw new Error('campaign mail needs the unsubscribe link signer');
       return personalizeCampaignEmail(row, this.links);
     }
     // Submitted over SMTP: sent as it came (an empty part is left out).
     if (row.content_kind === 'message') return { subject: row.subject, html: row.content, text: row.text ?? '', headers: row.headers };
-    const rendered = renderEmail({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
+    const rendered = await this.render({ contentKind: row.content_kind, content: row.content, subject: row.subject, preview: row.preview, text: row.text });
     return { subject: row.subject, html: rendered.html, text: rendered.text, headers: row.headers };
   }
 
@@ -211,7 +213,7 @@ export async function deliverEmail(
         // The provider has it: recorded sent even if its campaign (and template) is gone since.
         let rendered: Message;
         try {
-          rendered = store.message(accepted);
+          rendered = await store.message(accepted);
         } catch {
           rendered = { subject: accepted.subject, html: '', text: '', headers: accepted.headers };
         }
@@ -237,7 +239,7 @@ export async function deliverEmail(
 
   let rendered: Message;
   try {
-    rendered = store.message(row);
+    rendered = await store.message(row);
   } catch (error) {
     const reason = `rendering failed: ${(error as Error).message}`.slice(0, 1000);
     await store.fail(emailId, reason);

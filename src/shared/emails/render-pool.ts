@@ -1,15 +1,22 @@
 import { Worker } from 'node:worker_threads';
+import type { SendMailOptions } from 'nodemailer';
 import type { CampaignTemplate } from '../campaigns/content.js';
 import { ServiceUnavailableError, ValidationError } from '../errors.js';
+import type { Composed } from './compose.js';
 import type { Rendered, RenderInput } from './render.js';
 import type { RenderAnswer, RenderTask } from './render-task.js';
 
 export interface RenderPoolOptions {
   /** Threads at most; they start on first use and stop after IDLE_MS without work. */
   threads: number;
-  /** A render taking longer is abandoned and its thread replaced. */
+  /**
+   * Tasks a thread is given before it answered the first (1: one at a time). More keep a
+   * thread busy while its answers travel back: the delivery thread of a worker takes many.
+   */
+  tasksPerThread?: number;
+  /** A task not answered this long after it was given to its thread is abandoned and the thread replaced. */
   timeoutMs: number;
-  /** Renders waiting for a thread beyond this are refused (503) rather than queued without end. */
+  /** Tasks waiting for a thread beyond this are refused (503) rather than queued without end. */
   maxQueue?: number;
 }
 
@@ -27,17 +34,24 @@ interface Job {
 interface Thread {
   worker: Worker;
   ready: Promise<void>;
-  job?: Job & { timer: NodeJS.Timeout };
+  jobs: Map<number, Job & { timer: NodeJS.Timeout }>;
   idle?: NodeJS.Timeout;
 }
 
+/** A thread ended (it failed, or another task of it ran too long) before answering this task. */
+export class RenderThreadLostError extends Error {
+  override name = 'RenderThreadLostError';
+}
+
 /**
- * Rendering off the API's event loop. The API renders in rare, interactive cases (a
- * campaign's test send); a body of the maximum size takes tens to hundreds of milliseconds
- * to render, during which one event loop would answer nobody else (tracking pixels,
- * unsubscribe pages, every other tenant). A few worker threads do it instead, one render
- * each at a time. Hand-written (80 lines) because the maintained pools (piscina) pull a
- * native binary package. Workers render in their own processes and do not use it.
+ * Rendering off an event loop, in worker threads. The API renders in rare, interactive cases
+ * (a campaign's test send); a body of the maximum size takes tens to hundreds of
+ * milliseconds to render, during which one event loop would answer nobody else (tracking
+ * pixels, unsubscribe pages, every other tenant): a few threads do it instead, one render
+ * each at a time. A worker process renders and builds the messages it delivers in a thread
+ * of its own (`offLoop` in deliver.ts), so that its event loop only talks to the relay,
+ * Redis and PostgreSQL. Hand-written because the maintained pools (piscina) pull a native
+ * binary package.
  */
 export class RenderPool {
   private readonly threads = new Set<Thread>();
@@ -55,24 +69,36 @@ export class RenderPool {
     return this.run({ kind: 'campaign', campaign }) as Promise<CampaignTemplate>;
   }
 
-  private async run(task: RenderTask): Promise<Rendered | CampaignTemplate> {
+  /** The task's answer as the thread gave it (a failure as data), for a caller that redoes a failed task itself. */
+  async answer(task: { kind: 'email'; input: RenderInput }): Promise<RenderAnswer & ({ ok: false } | { value: Rendered })>;
+  async answer(task: { kind: 'compose'; mail: SendMailOptions }): Promise<RenderAnswer & ({ ok: false } | { value: Composed })>;
+  async answer(task: RenderTask): Promise<RenderAnswer> {
     if (this.closed) throw new ServiceUnavailableError('The service is shutting down');
-    if (this.queue.length >= (this.options.maxQueue ?? this.options.threads * 32)) {
+    if (this.queue.length >= (this.options.maxQueue ?? this.options.threads * this.perThread * 32)) {
       throw new ServiceUnavailableError('Too many renders under way; try again shortly');
     }
-    const answer = await new Promise<RenderAnswer>((resolve, reject) => {
+    return new Promise<RenderAnswer>((resolve, reject) => {
       this.queue.push({ task, resolve, reject });
       this.pump();
     });
-    if (answer.ok) return answer.value;
+  }
+
+  private get perThread(): number {
+    return this.options.tasksPerThread ?? 1;
+  }
+
+  private async run(task: RenderTask): Promise<Rendered | CampaignTemplate> {
+    const answer = await this.answer(task as { kind: 'email'; input: RenderInput });
+    if (answer.ok) return answer.value as Rendered | CampaignTemplate;
     if (answer.name === 'ContentTooLargeError' || answer.name === 'ContentTooDeepError') throw new ValidationError(`content: ${answer.message}`, [{ path: 'content', message: answer.message }]);
     throw new Error(`render failed: ${answer.name}: ${answer.message}`);
   }
 
   private pump(): void {
     while (this.queue.length > 0) {
-      let thread = [...this.threads].find((t) => !t.job);
-      if (!thread && this.threads.size < this.options.threads) thread = this.spawn();
+      let thread: Thread | undefined;
+      for (const t of this.threads) if (t.jobs.size < this.perThread && (!thread || t.jobs.size < thread.jobs.size)) thread = t;
+      if ((!thread || thread.jobs.size > 0) && this.threads.size < this.options.threads) thread = this.spawn();
       if (!thread) return;
       this.start(thread, this.queue.shift()!);
     }
@@ -82,50 +108,55 @@ export class RenderPool {
     const worker = new Worker(WORKER_URL);
     worker.unref();
     let markReady!: () => void;
-    const thread: Thread = { worker, ready: new Promise((resolve) => (markReady = resolve)) };
+    const thread: Thread = { worker, ready: new Promise((resolve) => (markReady = resolve)), jobs: new Map() };
     worker.on('message', (message: { ready?: true; id?: number; answer?: RenderAnswer }) => {
       if (message.ready) return markReady();
-      const job = thread.job;
+      const job = thread.jobs.get(message.id!);
       if (!job || message.answer === undefined) return;
       clearTimeout(job.timer);
-      thread.job = undefined;
+      thread.jobs.delete(message.id!);
       job.resolve(message.answer);
-      thread.idle = setTimeout(() => this.retire(thread), IDLE_MS).unref();
+      if (thread.jobs.size === 0) thread.idle = setTimeout(() => this.retire(thread), IDLE_MS).unref();
       this.pump();
     });
     worker.on('error', (error) => this.fail(thread, error));
-    worker.on('exit', () => this.fail(thread, new Error('render thread exited')));
+    worker.on('exit', () => this.fail(thread, new RenderThreadLostError('render thread exited')));
     this.threads.add(thread);
     return thread;
   }
 
   private start(thread: Thread, job: Job): void {
     clearTimeout(thread.idle);
-    const timer = setTimeout(() => {
-      this.fail(thread, new ValidationError(`content: took longer than ${this.options.timeoutMs} ms to render`, [{ path: 'content', message: 'too long to render' }]));
-    }, this.options.timeoutMs);
-    thread.job = { ...job, timer };
     const id = this.nextId++;
+    const timer = setTimeout(() => {
+      this.fail(thread, new RenderThreadLostError('another task of the render thread ran too long'), {
+        id,
+        error: new ValidationError(`content: took longer than ${this.options.timeoutMs} ms to render`, [{ path: 'content', message: 'too long to render' }]),
+      });
+    }, this.options.timeoutMs);
+    thread.jobs.set(id, { ...job, timer });
     // The timer runs from now, thread start included: a broken thread fails the request too.
-    void thread.ready.then(() => thread.job?.timer === timer && thread.worker.postMessage({ id, task: job.task }));
+    void thread.ready.then(() => thread.jobs.has(id) && thread.worker.postMessage({ id, task: job.task }));
   }
 
-  /** A thread that failed or ran too long: its job fails, the thread is replaced on demand. */
-  private fail(thread: Thread, error: Error): void {
+  /**
+   * A thread that failed or ran too long: its tasks fail (the one that ran too long with
+   * `culprit.error`), the thread is replaced on demand.
+   */
+  private fail(thread: Thread, error: Error, culprit?: { id: number; error: Error }): void {
     if (!this.threads.delete(thread)) return;
-    const job = thread.job;
-    thread.job = undefined;
-    if (job) {
+    for (const [id, job] of thread.jobs) {
       clearTimeout(job.timer);
-      job.reject(error);
+      job.reject(id === culprit?.id ? culprit.error : error);
     }
+    thread.jobs.clear();
     clearTimeout(thread.idle);
     void thread.worker.terminate();
     this.pump();
   }
 
   private retire(thread: Thread): void {
-    if (thread.job || !this.threads.delete(thread)) return;
+    if (thread.jobs.size > 0 || !this.threads.delete(thread)) return;
     void thread.worker.terminate();
   }
 
@@ -136,10 +167,11 @@ export class RenderPool {
       [...this.threads].map(async (thread) => {
         this.threads.delete(thread);
         clearTimeout(thread.idle);
-        if (thread.job) {
-          clearTimeout(thread.job.timer);
-          thread.job.reject(new ServiceUnavailableError('The service is shutting down'));
+        for (const job of thread.jobs.values()) {
+          clearTimeout(job.timer);
+          job.reject(new ServiceUnavailableError('The service is shutting down'));
         }
+        thread.jobs.clear();
         await thread.worker.terminate();
       }),
     );

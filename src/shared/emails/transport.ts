@@ -3,7 +3,6 @@ import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { PassThrough, Readable } from 'node:stream';
 import nodemailer, { type SendMailOptions } from 'nodemailer';
-import MailComposer from 'nodemailer/lib/mail-composer/index.js';
 import type DKIM from 'nodemailer/lib/dkim/index.js';
 import SMTPPool from 'nodemailer/lib/smtp-pool/index.js';
 import type { Config } from '../config.js';
@@ -11,6 +10,7 @@ import type { Logger } from '../logger.js';
 import { randomHex } from '../crypto.js';
 import { withSubmittedParts } from '../submission/delivery.js';
 import type { SubmittedParts } from '../submission/queries.js';
+import { composeMessage, type Composed } from './compose.js';
 import { dkimSign, type DkimKey } from './dkim-sign.js';
 
 /** One message as handed to the provider. */
@@ -85,6 +85,8 @@ export interface MailTransportOptions {
   returnPath?: (emailId: string, fromDomain: string, ownDomain: boolean) => string;
   /** Told once per domain key that cannot sign (its mail goes out unsigned). */
   logger?: Pick<Logger, 'warn'>;
+  /** Builds a message for the relay (off-loop.ts: in the delivery thread); `composeMessage` without it. */
+  compose?: (mail: SendMailOptions) => Promise<Composed>;
 }
 
 const CONNECT_TIMEOUT_MS = 10_000;
@@ -123,6 +125,7 @@ function mailOptions(message: OutgoingMessage): SendMailOptions {
  */
 export function createMailTransport(config: Config['mail'], options: MailTransportOptions = {}): MailTransport {
   let dkim = options.dkim;
+  const compose = options.compose ?? composeMessage;
   const withDkim = async (message: OutgoingMessage): Promise<SendMailOptions> => {
     const mail = mailOptions(message);
     const key = dkim ? await dkim(message.fromDomain, message.organizationId) : undefined;
@@ -164,8 +167,8 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
   if (!config.smtpUrl) throw new Error('SMTP_URL is required when MAIL_TRANSPORT=smtp');
   // nodemailer's pool transport itself (what `createTransport({ pool: true })` wraps in its
   // Mail layer), used through the transport interface nodemailer documents for custom
-  // transports: `send({ data, message })` with the compiled MIME node. The message is
-  // compiled and built here once; Mail.sendMail would parse the built message again (a
+  // transports: `send({ data, message })` with what it reads of a compiled MIME node. The
+  // message is built once (compose.ts); Mail.sendMail would parse the built message again (a
   // second compile, Message-ID and boundaries generated anew) before sending it.
   const pool: SmtpPool = new SMTPPool({
     ...smtpConnection(config.smtpUrl),
@@ -188,32 +191,31 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
     kind: 'smtp',
     async send(message) {
       const { dkim: key, ...mail } = await withDkim(message);
-      // base64 is encoded natively; quoted-printable is a JS loop over every character and
-      // was the largest single cost of building a message.
-      const node = new MailComposer({ ...mail, textEncoding: 'base64' }).compile();
-      // Built into one buffer first, so the socket gets a few large writes rather than
-      // one per MIME line (with TCP_NODELAY each write would be a packet).
+      // Built in the delivery thread when there is one (a message submitted over SMTP, with
+      // its attachments, is built here: rare, and its bytes would cross twice).
+      const composed = message.submitted ? await composeMessage(mail) : await compose(mail);
       // DKIM-signed with nodemailer's canonicalization, the RSA signature in libuv's thread
       // pool (dkim-sign.ts).
-      let raw = await node.build();
+      let raw = composed.raw;
       if (key) raw = await dkimSign(raw, key as DkimKey, warnUnsigned(key as DkimKey));
       const returnPath = options.returnPath?.(message.id, message.fromDomain, key !== undefined);
       const skip = message.skipRecipients && message.skipRecipients.length > 0 ? message.skipRecipients : undefined;
-      if (returnPath || skip) {
-        const computed = node.getEnvelope();
-        const envelope = { ...(skip ? withoutSkipped(computed, skip) : computed), ...(returnPath ? { from: returnPath } : {}) };
-        node.getEnvelope = () => envelope;
-      }
+      const envelope = { ...(skip ? withoutSkipped(composed.envelope, skip) : composed.envelope), ...(returnPath ? { from: returnPath } : {}) };
       const hook = message.beforeCommit;
       const onCommit = message.onCommit;
       const onAccepted = message.onAccepted;
-      // The compiled node gives the pool the envelope and Message-ID; what it streams is the
-      // built message, DKIM-signed when there is a key. The pool reads it only once the relay
-      // answered DATA with 354; its end is held until `beforeCommit` resolves, so the final
-      // `.` follows it.
-      node.createReadStream = () => {
-        const stream: Readable = new PassThrough().end(raw);
-        return hook ? holdEnd(stream, hook, onCommit) : stream;
+      // What the pool reads of nodemailer's compiled message node (smtp-pool/pool-resource.js):
+      // the envelope, the Message-ID and the built message, DKIM-signed when there is a key. The
+      // pool reads it only once the relay answered DATA with 354; its end is held until
+      // `beforeCommit` resolves, so the final `.` follows it.
+      const node = {
+        getEnvelope: () => envelope,
+        messageId: () => composed.messageId,
+        getHeader: (name: string) => (name.toLowerCase() === 'message-id' ? composed.messageId : undefined),
+        createReadStream: (): Readable => {
+          const stream: Readable = new PassThrough().end(raw);
+          return hook ? holdEnd(stream, hook, onCommit) : stream;
+        },
       };
       const info = await new Promise<{ response?: string }>((resolve, reject) => {
         const queued = pool.send({ data: {}, message: node }, (error, sent) => {
