@@ -70,9 +70,13 @@ export class RenderPool {
   }
 
   /** The task's answer as the thread gave it (a failure as data), for a caller that redoes a failed task itself. */
-  async answer(task: { kind: 'email'; input: RenderInput }): Promise<RenderAnswer & ({ ok: false } | { value: Rendered })>;
-  async answer(task: { kind: 'compose'; mail: SendMailOptions }): Promise<RenderAnswer & ({ ok: false } | { value: Composed })>;
-  async answer(task: RenderTask): Promise<RenderAnswer> {
+  answer(task: { kind: 'email'; input: RenderInput }): Promise<RenderAnswer & ({ ok: false } | { value: Rendered })>;
+  answer(task: { kind: 'compose'; mail: SendMailOptions }): Promise<RenderAnswer & ({ ok: false } | { value: Composed })>;
+  answer(task: RenderTask): Promise<RenderAnswer> {
+    return this.submit(task);
+  }
+
+  private async submit(task: RenderTask): Promise<RenderAnswer> {
     if (this.closed) throw new ServiceUnavailableError('The service is shutting down');
     if (this.queue.length >= (this.options.maxQueue ?? this.options.threads * this.perThread * 32)) {
       throw new ServiceUnavailableError('Too many renders under way; try again shortly');
@@ -88,7 +92,7 @@ export class RenderPool {
   }
 
   private async run(task: RenderTask): Promise<Rendered | CampaignTemplate> {
-    const answer = await this.answer(task as { kind: 'email'; input: RenderInput });
+    const answer = await this.submit(task);
     if (answer.ok) return answer.value as Rendered | CampaignTemplate;
     if (answer.name === 'ContentTooLargeError' || answer.name === 'ContentTooDeepError') throw new ValidationError(`content: ${answer.message}`, [{ path: 'content', message: answer.message }]);
     throw new Error(`render failed: ${answer.name}: ${answer.message}`);
