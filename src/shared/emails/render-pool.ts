@@ -49,7 +49,7 @@ export class RenderThreadLostError extends Error {
  * milliseconds to render, during which one event loop would answer nobody else (tracking
  * pixels, unsubscribe pages, every other tenant): a few threads do it instead, one render
  * each at a time. A worker process renders and builds the messages it delivers in a thread
- * of its own (`offLoop` in deliver.ts), so that its event loop only talks to the relay,
+ * of its own (off-loop.ts), so that its event loop only talks to the relay,
  * Redis and PostgreSQL. Hand-written because the maintained pools (piscina) pull a native
  * binary package.
  */
