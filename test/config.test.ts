@@ -47,8 +47,8 @@ describe('loadConfig defaults (README.md "Configuration")', () => {
     expect(config.workerMetricsPort).toBeUndefined();
     expect(config.providerWebhookSecret).toBeUndefined();
     expect(config.adminPassword).toBeUndefined();
-    // One delivery thread where there is a second core to run it on.
-    expect(config.mail.threads).toBe(availableParallelism() > 1 ? 1 : 0);
+    // One delivery thread where there are cores to spare (four or more).
+    expect(config.mail.threads).toBe(availableParallelism() >= 4 ? 1 : 0);
   });
 
   it('treats an empty or blank variable as unset', () => {

@@ -1,9 +1,16 @@
 import { simpleParser } from 'mailparser';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { composeMessage } from '../src/shared/emails/compose.js';
 import { offLoop } from '../src/shared/emails/off-loop.js';
 import { renderEmail, type RenderInput } from '../src/shared/emails/render.js';
 import { RenderPool } from '../src/shared/emails/render-pool.js';
+import type { RenderTask } from '../src/shared/emails/render-task.js';
+import { createRedis } from '../src/shared/redis.js';
+import { emailSendProcessor } from '../src/workers/emails.js';
+import { startWorkers } from '../src/workers/runner.js';
+import { bearer, createOrg, createTestContext } from './helpers/context.js';
+import { startSmtpSink } from './helpers/smtp-sink.js';
+import { until } from './helpers/until.js';
 
 // A worker renders and builds the mail it delivers in a thread of its own (DELIVERY_THREADS,
 // docs/operations.md "Delivery threads"): the relay must get the same bytes as from the event
@@ -110,5 +117,50 @@ describe('delivery threads', () => {
     const loop = offLoop(undefined);
     expect((await loop.compose(mail(3))).raw.equals((await composeMessage(mail(3))).raw)).toBe(true);
     expect(await loop.render(inputs[1]!)).toEqual(renderEmail(inputs[1]!));
+  });
+});
+
+describe('a worker with DELIVERY_THREADS=1', () => {
+  it('hands the relay a message its thread rendered and built', async () => {
+    const sink = await startSmtpSink();
+    const ctx = await createTestContext({ MAIL_TRANSPORT: 'smtp', SMTP_URL: sink.url, DELIVERY_THREADS: '1' });
+    const connection = createRedis(ctx.env.config.redisUrl, 'worker');
+    try {
+      const threads = ctx.services.deliveryThreads!;
+      // What the thread answered, by task kind (a failure would be redone on the event loop).
+      const answered: string[] = [];
+      const answer = threads.answer.bind(threads) as (task: RenderTask) => ReturnType<RenderPool['answer']>;
+      vi.spyOn(threads, 'answer').mockImplementation((async (task: RenderTask) => {
+        const got = await answer(task);
+        if (got.ok) answered.push(task.kind);
+        return got;
+      }) as never);
+      const workers = await startWorkers(ctx.services, connection, [emailSendProcessor('emails', { reconcileGraceMs: 0 })]);
+      try {
+        const org = await createOrg(ctx.services);
+        const sent = await ctx.app.inject({
+          method: 'POST',
+          url: '/api/v2/emails',
+          headers: bearer(org.token),
+          payload: { from: 'Acme <hello@acme.test>', to: 'jane@example.com', subject: 'Threaded', markdown: '# Hello from the thread' },
+        });
+        expect(sent.statusCode).toBe(200);
+        const [raw] = await until(
+          async () => sink.raw,
+          (messages) => messages.length === 1,
+        );
+        const parsed = await simpleParser(raw!);
+        expect(parsed.subject).toBe('Threaded');
+        expect(parsed.html).toContain('Hello from the thread</h1>');
+        expect(parsed.text?.trim()).toBe('Hello from the thread');
+        expect(answered).toEqual(['email', 'compose']);
+      } finally {
+        await workers.close();
+      }
+    } finally {
+      connection.disconnect();
+      await ctx.close();
+      await sink.close();
+    }
   });
 });
