@@ -35,7 +35,7 @@ export function offLoop(pool: RenderPool | undefined, logger?: Pick<Logger, 'war
     unsaid = 0;
     saidAt = performance.now();
   };
-  /** The event loop's `work`, after the thread failed it with `answer` (a rejection, or a failure as data). */
+  /** Does `work` on the event loop after the thread failed it (`failed`: the pool's rejection, or the thread's failure as data). */
   const onLoop = async <T>(work: () => T | Promise<T>, failed: unknown): Promise<T> => {
     const done = await work();
     // It did what the thread could not: the thread's failure was its own, not the content's.
@@ -51,7 +51,8 @@ export function offLoop(pool: RenderPool | undefined, logger?: Pick<Logger, 'war
     async compose(mail) {
       const answer = await pool.answer({ kind: 'compose', mail }).catch((error: unknown) => ({ ok: false as const, error }));
       if (!answer.ok) return onLoop(() => composeMessage(mail), 'error' in answer ? answer.error : `${answer.name}: ${answer.message}`);
-      // A Buffer crosses the thread boundary as a plain Uint8Array (its bytes copied once).
+      // A Buffer crosses the thread boundary as a plain Uint8Array (moved when it fills its own
+      // memory, else copied: render-thread.ts).
       const { raw } = answer.value;
       return { ...answer.value, raw: Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength) };
     },
