@@ -101,14 +101,17 @@ describe('npm start runs the compiled build (README.md "Running in production")'
     });
   });
 
-  it('renders in the compiled render threads with node alone (no TypeScript loader)', { timeout: 60_000 }, () => {
-    // The API renders campaign test sends in worker threads; their entry must be compiled too.
+  it('renders and builds in the compiled render threads with node alone (no TypeScript loader)', { timeout: 60_000 }, () => {
+    // The API renders campaign test sends in worker threads, and a worker's delivery thread
+    // renders and builds (its modules imported on first use); their entry must be compiled too.
     const script = `
       const { RenderPool } = await import(${JSON.stringify(`${ROOT}dist/shared/emails/render-pool.js`)});
       const pool = new RenderPool({ threads: 1, timeoutMs: 20000 });
       const out = await pool.email({ contentKind: 'markdown', content: '# Hello from a thread', subject: 'S', preview: null, text: null });
+      const built = await pool.answer({ kind: 'compose', mail: { from: 'a@acme.test', to: 'b@example.com', subject: 'Built in a thread', text: 'Hi' } });
       await pool.close();
-      process.stdout.write(out.html.includes('Hello from a thread') ? 'rendered' : 'wrong');`;
+      const ok = out.html.includes('Hello from a thread') && built.ok && Buffer.from(built.value.raw).toString().includes('Subject: Built in a thread');
+      process.stdout.write(ok ? 'rendered' : 'wrong');`;
     const file = join(mkdtempSync(join(tmpdir(), 'mailroom-render-')), 'render.mjs');
     writeFileSync(file, script);
     const output = execFileSync(process.execPath, [file], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' } });
