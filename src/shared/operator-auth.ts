@@ -34,11 +34,13 @@ export function isLoopback(address: string | undefined): boolean {
   return bare === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(bare);
 }
 
+type RequestHeaders = Record<string, string | string[] | undefined>;
+
 /**
  * Whether a request came through a proxy (it names the client it forwards): a reverse proxy or
  * load balancer on this host connects from loopback on behalf of anyone.
  */
-export function forwardedByProxy(headers: Record<string, string | string[] | undefined>): boolean {
+function forwardedByProxy(headers: RequestHeaders): boolean {
   return headers['x-forwarded-for'] !== undefined || headers.forwarded !== undefined || headers['x-real-ip'] !== undefined;
 }
 
@@ -47,14 +49,10 @@ export function forwardedByProxy(headers: Record<string, string | string[] | und
  * without it, only this host (a scraper on the same machine, not a client a proxy on it
  * forwards), since the API port is the public one and the figures are the operator's business.
  */
-export function metricsAccess(
-  config: { adminPassword?: string },
-  peer: string | undefined,
-  authorization: string | undefined,
-  proxied: boolean,
-): 'ok' | 'credentials' | 'local-only' {
+export function metricsAccess(config: { adminPassword?: string }, peer: string | undefined, headers: RequestHeaders): 'ok' | 'credentials' | 'local-only' {
+  const authorization = typeof headers.authorization === 'string' ? headers.authorization : undefined;
   if (config.adminPassword) return isOperator(authorization, config.adminPassword) ? 'ok' : 'credentials';
-  return isLoopback(peer) && !proxied ? 'ok' : 'local-only';
+  return isLoopback(peer) && !forwardedByProxy(headers) ? 'ok' : 'local-only';
 }
 
 export const METRICS_LOCAL_ONLY =

@@ -1,8 +1,8 @@
-import { createServer, type Server } from 'node:http';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Services } from '../shared/container.js';
 import { dependencyStatus, downDependencies } from '../shared/dependencies.js';
-import { forwardedByProxy, METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE } from '../shared/operator-auth.js';
+import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE } from '../shared/operator-auth.js';
 import { listenOn } from '../shared/startup.js';
 
 export interface MetricsServer {
@@ -20,7 +20,7 @@ export async function startMetricsServer(services: Services, port: number, isPau
   const { metrics, config } = services;
   const json = (status: number, body: unknown) => ({ status, type: 'application/json', body: JSON.stringify(body) });
 
-  async function answer(method: string, url: string, authorization: string | undefined, peer: string | undefined, proxied: boolean) {
+  async function answer(method: string, url: string, headers: IncomingHttpHeaders, peer: string | undefined) {
     const path = url.split('?')[0];
     if (method !== 'GET' && method !== 'HEAD') return json(405, { name: 'method_not_allowed', message: 'GET only', statusCode: 405 });
     if (path === '/healthz') return json(200, { status: 'ok' });
@@ -32,7 +32,7 @@ export async function startMetricsServer(services: Services, port: number, isPau
       return json(503, { name: 'service_unavailable', message, statusCode: 503, checks });
     }
     if (path === '/metrics') {
-      const access = metricsAccess(config, peer, authorization, proxied);
+      const access = metricsAccess(config, peer, headers);
       if (access === 'credentials') {
         return { ...json(401, { name: 'unauthorized', message: 'Operator credentials required', statusCode: 401 }), challenge: true };
       }
@@ -43,7 +43,7 @@ export async function startMetricsServer(services: Services, port: number, isPau
   }
 
   const server: Server = createServer((request, response) => {
-    answer(request.method ?? 'GET', request.url ?? '/', request.headers.authorization, request.socket.remoteAddress, forwardedByProxy(request.headers)).then(
+    answer(request.method ?? 'GET', request.url ?? '/', request.headers, request.socket.remoteAddress).then(
       (result) => {
         const headers: Record<string, string> = { 'content-type': result.type };
         if ('challenge' in result) headers['www-authenticate'] = OPERATOR_CHALLENGE;

@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Metrics } from '../../shared/metrics.js';
 import type { App } from '../types.js';
-import { forwardedByProxy, METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE, OPERATOR_USER } from '../../shared/operator-auth.js';
+import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE, OPERATOR_USER } from '../../shared/operator-auth.js';
 import { errorBody } from './errors.js';
 
 /** One answer in the HTTP metrics, by route pattern (never the raw URL) and status. */
@@ -32,7 +32,7 @@ export function registerMetrics(app: App): void {
     {
       schema: { hide: true },
       onRequest: async (request, reply) => {
-        const access = metricsAccess(config, request.socket.remoteAddress, request.headers.authorization, forwardedByProxy(request.headers));
+        const access = metricsAccess(config, request.socket.remoteAddress, request.headers);
         if (access === 'credentials') {
           await reply
             .code(401)
