@@ -60,6 +60,11 @@ export function bareAddress(value: string | undefined): string | null {
   return v.includes('@') ? v : null;
 }
 
+/** The bare addresses of an email's copy recipients as stored (`addr` or `Name <addr>`), the unreadable left out. */
+export function bareAddresses(values: readonly string[]): string[] {
+  return values.map((value) => bareAddress(value)).filter((address): address is string => address !== null);
+}
+
 /** `<id@host>` to `id@host`; null when empty. */
 export function bareMessageId(value: string | undefined): string | null {
   if (!value) return null;

@@ -2,7 +2,7 @@ import type { EntityManager } from '@mikro-orm/postgresql';
 import { mailboxDomain } from '../emails/addresses.js';
 import type { Metrics } from '../metrics.js';
 import { applyFeedbackBatch, countFeedback, type FeedbackItem } from '../outcomes/provider-events.js';
-import { bareAddress } from './fields.js';
+import { bareAddresses } from './fields.js';
 import { readReport, type ReadReport } from './report.js';
 import { returnPathHost } from './return-path.js';
 import { claimReports, emailsById, emailsByMessageId, finishReports, pendingReports, type ReportEmail } from './queries.js';
@@ -73,7 +73,7 @@ export async function processReports(em: EntityManager, reportIds: string[], dep
   for (const [i, report] of reports.entries()) {
     const read = reads[i]!;
     const { email, reason } = matchEmail(emails.get(report.email_id), report.rcpt_to, read.originalMessageId, byMessageId, deps.bounceDomain);
-    const copies = email ? email.copies.map((c) => bareAddress(c)).filter((c): c is string => c !== null) : [];
+    const copies = email ? bareAddresses(email.copies) : [];
     const verdict: Verdict = email ? verdictOf(read, { to: email.address, copies }) : { type: 'ignored', reason: reason! };
     const event = webhookEventOf(verdict);
     planned.push({

@@ -1,6 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import { z } from 'zod';
-import { bareAddress } from '../bounces/fields.js';
+import { bareAddress, bareAddresses } from '../bounces/fields.js';
 import { aboutRecipient } from '../bounces/verdict.js';
 import { NotFoundError } from '../errors.js';
 import { storableText } from '../storable.js';
@@ -249,8 +249,7 @@ export async function applyDeliveryFeedback(
     if (!email) return undefined;
     // The recipient it names, as a report by mail's (a text that is no address names none of them).
     const named = event.recipient === undefined ? null : (bareAddress(event.recipient) ?? event.recipient);
-    const copies = email.copies.map((c) => bareAddress(c)).filter((c): c is string => c !== null);
-    const about = aboutRecipient(named, { to: email.address, copies });
+    const about = aboutRecipient(named, { to: email.address, copies: bareAddresses(email.copies) });
     if (!about) return undefined;
     const item: FeedbackItem = { emailId: email.id, type: event.type, bounceType: event.bounceType, diagnostic: event.diagnostic, ...about };
     const [result] = await recordFeedback(tx as EntityManager, new Map([[email.id, email]]), [item], deps.now);
