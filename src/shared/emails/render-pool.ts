@@ -39,7 +39,7 @@ interface Thread {
 }
 
 /** A thread ended (it failed, or another task of it ran too long) before answering this task. */
-export class RenderThreadLostError extends Error {
+class RenderThreadLostError extends Error {
   override name = 'RenderThreadLostError';
 }
 
