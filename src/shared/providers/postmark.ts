@@ -3,10 +3,10 @@ import type { DeliveryFeedback } from '../outcomes/provider-events.js';
 
 /**
  * Postmark's webhooks (docs/outcomes.md): authenticated by HTTP basic auth with the user and
- * password set in the webhook's URL in Postmark's console. Bounce (HardBounce and
- * BadEmailAddress = hard; AutoResponder, Subscribe, Unsubscribe, ChallengeVerification,
- * AddressChange and OpenRelayTest ignored: no failure; SpamComplaint a complaint; every other type soft),
- * SpamComplaint, Delivery. Postmark identifies the message by its own
+ * password set in the webhook's URL in Postmark's console. Record types read: Bounce (by its
+ * Type: HardBounce and BadEmailAddress hard; SpamComplaint a complaint; AutoResponder, Subscribe,
+ * Unsubscribe, ChallengeVerification, AddressChange and OpenRelayTest no failure, ignored; any
+ * other soft), SpamComplaint and Delivery. Postmark identifies the message by its own
  * `MessageID`, the id its SMTP server gave at hand-over.
  */
 export function postmarkAuthorized(header: string | undefined, expected: { user: string; password: string }): boolean {
