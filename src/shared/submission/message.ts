@@ -213,20 +213,17 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   // over 998. A message without one is taken with an empty subject (RFC 5322 makes it optional).
   const subject = (mail.subject ?? '').replace(/[\r\n]+/g, ' ');
   if (subject.length > MAX_SUBJECT) throw replies.malformed(`Subject is longer than ${MAX_SUBJECT} characters (the API's limit)`);
-  // A multipart body is cut at its boundary: without one no part can be found, and the parser
-  // would give an empty message (RFC 2046 5.1.1 makes the parameter mandatory).
-  const contentType = mail.headers.get('content-type') as { value?: string; params?: Record<string, string> } | undefined;
-  if (contentType?.value?.toLowerCase().startsWith('multipart/') && !contentType.params?.boundary) {
-    throw replies.malformed(`Content-Type ${contentType.value.toLowerCase().slice(0, 100)} has no boundary parameter (RFC 2046 5.1.1)`);
-  }
   const html = typeof mail.html === 'string' ? mail.html : '';
   // The parser gives an empty text for a message with no text part: null, as html is then.
   const text = mail.text === '' && html ? null : (mail.text ?? null);
-  // A part inside that is multipart without its boundary: nothing of it can be read, and taken
-  // the message would be sent empty. Refused when that is what happened (nothing was read, and
-  // such a Content-Type is there), not for a message that is simply empty.
-  if (!html && !text && mail.attachments.length === 0 && hasUnboundedMultipart(raw)) {
-    throw replies.malformed('Message has a multipart part without its boundary parameter (RFC 2046 5.1.1): no part of it could be read');
+  // A multipart body is cut at its boundary (RFC 2046 5.1.1 makes the parameter mandatory):
+  // without one no part of it can be found and the parser reads nothing, so taken the message
+  // would be sent empty. Refused when that is what happened (nothing was read, and such a
+  // Content-Type is there, the message's own or a part's), not for a message that is simply empty.
+  if (!html && !text && mail.attachments.length === 0) {
+    const unbounded = unboundedMultipart(raw);
+    if (unbounded?.top) throw replies.malformed(`Content-Type ${unbounded.type} has no boundary parameter (RFC 2046 5.1.1)`);
+    if (unbounded) throw replies.malformed('Message has a multipart part without its boundary parameter (RFC 2046 5.1.1): no part of it could be read');
   }
   if (unstorableText(subject) || unstorableText(html) || unstorableText(text)) throw replies.malformed('Message text contains NUL characters or unpaired surrogates');
   // As the API's html: tracking parses it, and parsers are not linear in the nesting.
@@ -292,8 +289,17 @@ function sentByOf(mail: ParsedMail): { header: string; address: string }[] {
 // A Content-Type header field of a multipart type, unfolded over its continuation lines.
 const MULTIPART_FIELD = /^content-type:[ \t]*multipart\/[^\r\n]*(?:\r?\n[ \t][^\r\n]*)*/gim;
 
-/** Whether a Content-Type header of the message (or of a part in it) is multipart without a boundary. */
-function hasUnboundedMultipart(raw: Buffer): boolean {
-  for (const [field] of raw.toString('latin1').matchAll(MULTIPART_FIELD)) if (!/;\s*boundary\s*=/i.test(field)) return true;
-  return false;
+/**
+ * The first multipart Content-Type of the message (its own, `top`, or a part's) without a
+ * boundary parameter (or with an empty one), with its type.
+ */
+function unboundedMultipart(raw: Buffer): { type: string; top: boolean } | undefined {
+  const text = raw.toString('latin1');
+  const headerEnd = text.search(/\r?\n\r?\n/);
+  for (const { 0: field, index } of text.matchAll(MULTIPART_FIELD)) {
+    if (/;\s*boundary\s*=\s*(?:"[^"]+"|[^\s;"]+)/i.test(field)) continue;
+    const type = /multipart\/[^\s;]*/i.exec(field)![0].toLowerCase().slice(0, 100);
+    return { type, top: headerEnd === -1 || index < headerEnd };
+  }
+  return undefined;
 }
