@@ -1,9 +1,7 @@
-import { Migrator } from '@mikro-orm/migrations';
 import { MikroORM, PostgreSqlDriver, type Options } from '@mikro-orm/postgresql';
 import pg from 'pg';
 import type { Logger } from '../logger.js';
 import { entities } from './entities/index.js';
-import { migrationsList } from './migrations/index.js';
 
 export type Orm = MikroORM;
 export type { EntityManager } from '@mikro-orm/postgresql';
@@ -26,9 +24,8 @@ export function ormOptions(options: OrmOptions): Options {
     driver: PostgreSqlDriver,
     clientUrl: options.databaseUrl,
     entities,
-    extensions: [Migrator],
+    // The migrator and the migrations are loaded by `migrate` alone (below).
     migrations: {
-      migrationsList,
       snapshot: false,
       transactional: true,
       allOrNothing: true,
@@ -84,6 +81,11 @@ function sqlStateOf(error: unknown): string | undefined {
  * lock, which a pooler in transaction mode would not keep (README "Running in production").
  */
 export async function migrate(orm: Orm): Promise<string[]> {
+  // Loaded here, not with the ORM: the migrator's dependencies (umzug and its command-line
+  // toolkit, a JSON schema validator) are memory that a serving process would hold for nothing.
+  const [{ Migrator }, { migrationsList }] = await Promise.all([import('@mikro-orm/migrations'), import('./migrations/index.js')]);
+  orm.config.set('migrations', { ...orm.config.get('migrations'), migrationsList });
+  Migrator.register(orm);
   for (let attempt = 1; ; attempt++) {
     try {
       const applied = await orm.getMigrator().up();
