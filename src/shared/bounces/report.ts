@@ -1,4 +1,4 @@
-import { simpleParser, type Attachment, type ParsedMail } from 'mailparser';
+import type { Attachment, ParsedMail } from 'mailparser';
 import { storableText } from '../storable.js';
 import { bareAddress, bareMessageId, parseFieldBlocks, parseHeaderBlock, type Fields } from './fields.js';
 
@@ -162,6 +162,9 @@ export function readDsnDirectly(raw: Buffer): ReadReport | undefined {
 export async function readWithMailparser(raw: Buffer, mailFrom: string): Promise<ReadReport> {
   let mail;
   try {
+    // Loaded by the first report that needs it (those of the fast reader above need none): a
+    // worker that never meets one does not hold mailparser and its charset tables.
+    const { simpleParser } = await import('mailparser');
     mail = await simpleParser(raw, {
       // The report parts as attachments, embedded messages unparsed: we read their headers only.
       keepDeliveryStatus: true,
