@@ -1,4 +1,5 @@
-import countries from 'i18n-iso-countries';
+// The codes alone: the package's main entry also loads the country names in 80 languages (~4 MiB).
+import countries from 'i18n-iso-countries/index.js';
 import { z } from 'zod';
 import { parseAddress } from '../verification/syntax.js';
 import { isId } from '../ids.js';
