@@ -117,4 +117,27 @@ describe('npm start runs the compiled build (README.md "Running in production")'
     const output = execFileSync(process.execPath, [file], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' } });
     expect(output).toBe('rendered');
   });
+
+  it("a serving process's compiled modules leave out the migrator, mailparser and the country names (docs/operations.md \"Memory\")", { timeout: 60_000 }, () => {
+    // What each role's entry imports, without starting it (each starts only as the main module).
+    // The SMTP submission listener parses every message with mailparser: it keeps it.
+    const roles: [string, string[]][] = [
+      ['dist/api/server.js', ['/@mikro-orm/migrations/', '/mailparser/', '/i18n-iso-countries/langs/']],
+      ['dist/workers/main.js', ['/@mikro-orm/migrations/', '/mailparser/', '/i18n-iso-countries/langs/']],
+      ['dist/inbound/main.js', ['/@mikro-orm/migrations/', '/mailparser/', '/i18n-iso-countries/langs/']],
+      ['dist/smtp/main.js', ['/@mikro-orm/migrations/', '/i18n-iso-countries/langs/']],
+    ];
+    for (const [entry, absent] of roles) {
+      const script = `
+        import { createRequire } from 'node:module';
+        await import(${JSON.stringify(`${ROOT}${entry}`)});
+        process.stdout.write(JSON.stringify(Object.keys(createRequire(import.meta.url).cache)));`;
+      const file = join(mkdtempSync(join(tmpdir(), 'mailroom-modules-')), 'modules.mjs');
+      writeFileSync(file, script);
+      const loaded = JSON.parse(execFileSync(process.execPath, [file], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' } })) as string[];
+      // The check itself sees the modules: the ORM is loaded by every role.
+      expect(loaded.some((path) => path.includes('/@mikro-orm/core/')), entry).toBe(true);
+      for (const part of absent) expect(loaded.filter((path) => path.includes(part)), `${entry} loads ${part}`).toEqual([]);
+    }
+  });
 });
