@@ -138,7 +138,7 @@ describe('bad usage exits non-zero with a message', () => {
 });
 
 describe('the secret key (README.md "The first token and the first email")', () => {
-  // Eight CLI processes one after the other, each compiled by tsx: two minutes on a loaded machine.
+  // Eight CLI processes one after the other: two minutes on a loaded machine.
   it('makes no key file for help, an unknown command or a command that needs none, and says so on stderr when a command generates one', { timeout: 120_000 }, async () => {
     const dir = await mkdtemp(join(tmpdir(), 'mailroom-cli-key-'));
     const file = join(dir, 'data', 'secret-key');

@@ -4,7 +4,7 @@ import { UNCERTAIN_REASON } from '../src/shared/emails/deliver.js';
 import { createSenderRow, seedSubscribers } from './helpers/campaigns.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startCountingSink, type CountingSink } from './helpers/counting-sink.js';
-import { ROOT } from './helpers/process.js';
+import { nodeArgs, ROOT } from './helpers/process.js';
 
 // docs/operations.md, "Killing a process": the worker's process group is SIGKILLed at random
 // moments while it hands a batch and a campaign to a relay answering in 2 ms, then in 20 ms,
@@ -34,7 +34,7 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** A worker process in a process group of its own, like a container or a systemd unit. */
 function startWorker(smtpUrl: string): ChildProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/workers/main.ts'], {
+  const child = spawn(process.execPath, nodeArgs('src/workers/main.ts'), {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env, MAIL_TRANSPORT: 'smtp', SMTP_URL: smtpUrl, LOG_LEVEL: 'warn' },
     stdio: 'ignore',

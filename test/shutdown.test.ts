@@ -84,7 +84,7 @@ function request(port: number, path: string, options: http.RequestOptions = {}):
 }
 
 async function startMain(): Promise<{ proc: ServiceProcess; port: number }> {
-  // `npm start` runs `node dist/main.js` (here its source, tsx loaded); PORT=0 lets the OS choose, and the log says which.
+  // `npm start` runs `node dist/main.js`; PORT=0 lets the OS choose, and the log says which.
   const proc = runService('src/main.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info' });
   const match = await proc.waitFor(/mailroom is running on http:\/\/127\.0\.0\.1:(\d+)/);
   return { proc, port: Number(match[1]) };

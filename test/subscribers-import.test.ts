@@ -22,7 +22,7 @@ afterAll(async () => {
   await ctx?.close();
 });
 
-/** The CLI in one node process, as `npm run cli` runs it (here its source, tsx loaded). */
+/** The CLI in one node process, as `npm run cli` runs it. */
 const cli = (args: string[]) => runCli(args, ctx.env.env);
 
 function get(ref: string) {

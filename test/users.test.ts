@@ -5,7 +5,7 @@ import { getEmail, insertEmails, listEmails } from '../src/shared/emails/service
 import { emailTimeline } from '../src/shared/emails/timeline.js';
 import { checkPassword } from '../src/shared/users/service.js';
 import { createOrg, createTestContext, type TestContext } from './helpers/context.js';
-import { ROOT, runCli } from './helpers/process.js';
+import { nodeArgs, ROOT, runCli } from './helpers/process.js';
 
 let ctx: TestContext;
 let org: { organizationId: string };
@@ -18,7 +18,7 @@ afterAll(async () => ctx?.close());
 
 /** The CLI with `input` on its stdin, as `echo PASSWORD | npm run cli -- user create ...` does. */
 async function cliWithStdin(args: string[], input: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
+  const child = spawn(process.execPath, [...nodeArgs('src/cli/main.ts'), ...args], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env },
     stdio: ['pipe', 'pipe', 'pipe'],
@@ -57,7 +57,7 @@ describe('user create and user list (docs/dashboard.md "Getting in")', () => {
    * pseudo-terminal), `typed` into it as a person would once it asks for the password.
    */
   async function createAtTerminal(email: string, typed: string): Promise<{ code: number | null; shown: string }> {
-    const command = `${process.execPath} --import tsx src/cli/main.ts user create --org ${org.organizationId} --email ${email}`;
+    const command = `${process.execPath} ${nodeArgs('src/cli/main.ts').join(' ')} user create --org ${org.organizationId} --email ${email}`;
     const child = spawn('script', ['-qec', command, '/dev/null'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...ctx.env.env }, stdio: ['pipe', 'pipe', 'pipe'] });
     let shown = '';
     child.stdout.on('data', (c: Buffer) => (shown += c.toString()));

@@ -19,6 +19,7 @@ import { VerificationStore } from '../src/shared/verification/store.js';
 import { suggestDomain } from '../src/shared/verification/typos.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { nodeArgs, ROOT } from './helpers/process.js';
 import { VERIFICATION_ZONE } from './helpers/verification-fixtures.js';
 
 let ctx: TestContext;
@@ -569,7 +570,8 @@ describe('cli verify EMAIL (docs/verification.md)', () => {
   it('verifies through the API with MAILROOM_URL and MAILROOM_TOKEN', async () => {
     const address = await ctx.app.listen({ port: 0, host: '127.0.0.1' });
     const run = (args: string[], extra: Record<string, string> = {}) =>
-      promisify(execFile)('node_modules/.bin/tsx', ['src/cli/main.ts', ...args], {
+      promisify(execFile)(process.execPath, [...nodeArgs('src/cli/main.ts'), ...args], {
+        cwd: ROOT,
         env: { ...ctx.env.env, MAILROOM_URL: address, MAILROOM_TOKEN: token, ...extra },
       });
     const json = await run(['verify', 'info@gamil.com', '--json']);
