@@ -160,11 +160,12 @@ export function readDsnDirectly(raw: Buffer): ReadReport | undefined {
 
 /** The general reader: any MIME structure, parsed by mailparser. */
 export async function readWithMailparser(raw: Buffer, mailFrom: string): Promise<ReadReport> {
+  // Loaded by the first report that needs it (those of the fast reader above need none): a
+  // worker that never meets one does not hold mailparser and its charset tables. Outside the
+  // try: a module that fails to load fails the job (retried), it does not make the report unreadable.
+  const { simpleParser } = await import('mailparser');
   let mail;
   try {
-    // Loaded by the first report that needs it (those of the fast reader above need none): a
-    // worker that never meets one does not hold mailparser and its charset tables.
-    const { simpleParser } = await import('mailparser');
     mail = await simpleParser(raw, {
       // The report parts as attachments, embedded messages unparsed: we read their headers only.
       keepDeliveryStatus: true,
