@@ -1,7 +1,8 @@
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestEnv, type TestEnv } from './helpers/context.js';
 import { ROOT } from './helpers/process.js';
@@ -119,25 +120,46 @@ describe('npm start runs the compiled build (README.md "Running in production")'
   });
 
   it("a serving process's compiled modules leave out the migrator, mailparser and the country names (docs/operations.md \"Memory\")", { timeout: 60_000 }, () => {
-    // What each role's entry imports, without starting it (each starts only as the main module).
-    // The SMTP submission listener parses every message with mailparser: it keeps it.
+    // What each role's entry imports, without starting it (each starts only as the main module):
+    // the files loaded as ES modules (a loader hook writes each one's URL to a file) and those
+    // loaded by require() (require.cache). The SMTP submission listener parses every message
+    // with mailparser: it keeps it.
     const roles: [string, string[]][] = [
       ['dist/api/server.js', ['/@mikro-orm/migrations/', '/mailparser/', '/i18n-iso-countries/langs/']],
       ['dist/workers/main.js', ['/@mikro-orm/migrations/', '/mailparser/', '/i18n-iso-countries/langs/']],
       ['dist/inbound/main.js', ['/@mikro-orm/migrations/', '/mailparser/', '/i18n-iso-countries/langs/']],
       ['dist/smtp/main.js', ['/@mikro-orm/migrations/', '/i18n-iso-countries/langs/']],
     ];
-    for (const [entry, absent] of roles) {
-      const script = `
-        import { createRequire } from 'node:module';
-        await import(${JSON.stringify(`${ROOT}${entry}`)});
-        process.stdout.write(JSON.stringify(Object.keys(createRequire(import.meta.url).cache)));`;
-      const file = join(mkdtempSync(join(tmpdir(), 'mailroom-modules-')), 'modules.mjs');
-      writeFileSync(file, script);
-      const loaded = JSON.parse(execFileSync(process.execPath, [file], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' } })) as string[];
-      // The check itself sees the modules: the ORM is loaded by every role.
-      expect(loaded.some((path) => path.includes('/@mikro-orm/core/')), entry).toBe(true);
-      for (const part of absent) expect(loaded.filter((path) => path.includes(part)), `${entry} loads ${part}`).toEqual([]);
+    const dir = mkdtempSync(join(tmpdir(), 'mailroom-modules-'));
+    try {
+      writeFileSync(
+        join(dir, 'hooks.mjs'),
+        `import { appendFileSync } from 'node:fs';
+        let file;
+        export function initialize(data) { file = data.file; }
+        export async function load(url, context, next) { appendFileSync(file, url + '\\n'); return next(url, context); }`,
+      );
+      for (const [entry, absent] of roles) {
+        const esm = join(dir, `${entry.replaceAll('/', '_')}.txt`);
+        writeFileSync(esm, '');
+        const script = `
+          import { createRequire, register } from 'node:module';
+          import { readFileSync } from 'node:fs';
+          register(${JSON.stringify(pathToFileURL(join(dir, 'hooks.mjs')).href)}, { data: { file: ${JSON.stringify(esm)} } });
+          await import(${JSON.stringify(`${ROOT}${entry}`)});
+          const loaded = [...Object.keys(createRequire(import.meta.url).cache), ...readFileSync(${JSON.stringify(esm)}, 'utf8').split('\\n').filter(Boolean)];
+          process.stdout.write(JSON.stringify(loaded));
+          process.exit(0);`;
+        writeFileSync(join(dir, 'modules.mjs'), script);
+        const output = execFileSync(process.execPath, [join(dir, 'modules.mjs')], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' }, timeout: 30_000 });
+        const loaded = JSON.parse(output) as string[];
+        // The check sees both kinds: the ORM (CommonJS) and the service's own files (ES modules).
+        expect(loaded.some((path) => path.includes('/@mikro-orm/core/')), entry).toBe(true);
+        expect(loaded.some((path) => path.startsWith('file://') && path.includes('/dist/shared/container.js')), entry).toBe(true);
+        for (const part of absent) expect(loaded.filter((path) => path.includes(part)), `${entry} loads ${part}`).toEqual([]);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

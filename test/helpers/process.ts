@@ -17,11 +17,14 @@ export interface ServiceProcess {
 
 /**
  * The node arguments that run an entry: a source of the service (`src/….ts`) as its compiled
- * file (`dist/….js`, built by the test run's global setup), as the package.json scripts run
- * it; any other file (a test fixture) through tsx. Compiled, a process starts on half the CPU.
+ * file (`dist/….js`), as the package.json scripts run it; any other file (a test fixture)
+ * through tsx. Compiled, a process starts on half the CPU. The test run's global setup builds
+ * dist/ when a source changed: in watch mode (`npx vitest`) it runs once, so restart the
+ * watcher after changing the service's sources.
  */
 export function nodeArgs(entry: string): string[] {
-  return /^src\/.*\.ts$/.test(entry) ? [entry.replace(/^src\//, 'dist/').replace(/\.ts$/, '.js')] : ['--import', 'tsx', entry];
+  const source = /^(?:\.\/)?src\/(.*)\.ts$/.exec(entry);
+  return source ? [`dist/${source[1]}.js`] : ['--import', 'tsx', entry];
 }
 
 /**

@@ -24,7 +24,8 @@ export function ormOptions(options: OrmOptions): Options {
     driver: PostgreSqlDriver,
     clientUrl: options.databaseUrl,
     entities,
-    // The migrator and the migrations are loaded by `migrate` alone (below).
+    // The migrator and the migrations are loaded by `migrate` alone (below). Go through it:
+    // `orm.migrator` without it finds no list and would look for migration files in ./migrations.
     migrations: {
       snapshot: false,
       transactional: true,

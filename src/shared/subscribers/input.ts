@@ -1,4 +1,4 @@
-// The codes alone: the package's main entry also loads the country names in 78 languages (~4 MiB).
+// The codes alone: the package's main entry also loads the country names in 78 languages.
 import countries from 'i18n-iso-countries/index.js';
 import { z } from 'zod';
 import { parseAddress } from '../verification/syntax.js';
