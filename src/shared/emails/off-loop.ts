@@ -3,6 +3,7 @@ import { composeMessage, type Composed } from './compose.js';
 import { renderEmail, type Rendered, type RenderInput } from './render.js';
 import type { Logger } from '../logger.js';
 import type { RenderPool } from './render-pool.js';
+import type { RenderAnswer } from './render-task.js';
 
 // A thread that keeps failing is said once a minute, not once a message.
 const WARN_EVERY_MS = 60_000;
@@ -35,26 +36,31 @@ export function offLoop(pool: RenderPool | undefined, logger?: Pick<Logger, 'war
     unsaid = 0;
     saidAt = performance.now();
   };
-  /** Does `work` on the event loop after the thread failed it (`failed`: the pool's rejection, or the thread's failure as data). */
-  const onLoop = async <T>(work: () => T | Promise<T>, failed: unknown): Promise<T> => {
+  /**
+   * The thread's value, else `work` done on the event loop: a refusal of the content then throws
+   * from `work`; when `work` succeeds, the failure was the thread's own, and is logged.
+   */
+  const inThread = async <T>(asked: Promise<RenderAnswer & ({ ok: false } | { value: T })>, work: () => T | Promise<T>): Promise<T> => {
+    let failed: unknown;
+    try {
+      const answer = await asked;
+      if (answer.ok) return answer.value;
+      failed = `${answer.name}: ${answer.message}`;
+    } catch (error) {
+      failed = error;
+    }
     const done = await work();
-    // It did what the thread could not: the thread's failure was its own, not the content's.
     threadFailed(failed);
     return done;
   };
   return {
-    async render(input) {
-      const answer = await pool.answer({ kind: 'email', input }).catch((error: unknown) => ({ ok: false as const, error }));
-      if (answer.ok) return answer.value;
-      return onLoop(() => renderEmail(input), 'error' in answer ? answer.error : `${answer.name}: ${answer.message}`);
-    },
+    render: (input) => inThread(pool.answer({ kind: 'email', input }), () => renderEmail(input)),
     async compose(mail) {
-      const answer = await pool.answer({ kind: 'compose', mail }).catch((error: unknown) => ({ ok: false as const, error }));
-      if (!answer.ok) return onLoop(() => composeMessage(mail), 'error' in answer ? answer.error : `${answer.name}: ${answer.message}`);
+      const composed = await inThread(pool.answer({ kind: 'compose', mail }), () => composeMessage(mail));
       // A Buffer crosses the thread boundary as a plain Uint8Array (moved when it fills its own
-      // memory, else copied: render-thread.ts).
-      const { raw } = answer.value;
-      return { ...answer.value, raw: Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength) };
+      // memory, else copied: render-thread.ts), typed as the Buffer it was.
+      const raw: Uint8Array = composed.raw;
+      return Buffer.isBuffer(raw) ? composed : { ...composed, raw: Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength) };
     },
   };
 }
