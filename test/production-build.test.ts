@@ -21,6 +21,21 @@ function tree(pid: number): string[] {
   return [self, ...children.flatMap((child) => tree(child))];
 }
 
+/**
+ * Runs `main` with node alone (no TypeScript loader) from a temporary folder holding the files
+ * `files(folder)` gives; its stdout. A blocking call ignores vitest's timeout: a child that
+ * never exits (a handle opened at import) fails the test at 30 s instead of hanging the run.
+ */
+function runScript(files: (folder: string) => Record<string, string>, main: string): string {
+  const folder = mkdtempSync(join(tmpdir(), 'mailroom-build-'));
+  try {
+    for (const [name, text] of Object.entries(files(folder))) writeFileSync(join(folder, name), text);
+    return execFileSync(process.execPath, [join(folder, main)], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' }, timeout: 30_000 });
+  } finally {
+    rmSync(folder, { recursive: true, force: true });
+  }
+}
+
 describe('npm start runs the compiled build (README.md "Running in production")', () => {
   /** `npm start`, once it says it is running: the child (npm, leader of its process group), its output and its address. */
   async function npmStart() {
@@ -113,10 +128,7 @@ describe('npm start runs the compiled build (README.md "Running in production")'
       await pool.close();
       const ok = out.html.includes('Hello from a thread') && built.ok && Buffer.from(built.value.raw).toString().includes('Subject: Built in a thread');
       process.stdout.write(ok ? 'rendered' : 'wrong');`;
-    const file = join(mkdtempSync(join(tmpdir(), 'mailroom-render-')), 'render.mjs');
-    writeFileSync(file, script);
-    const output = execFileSync(process.execPath, [file], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' } });
-    expect(output).toBe('rendered');
+    expect(runScript(() => ({ 'render.mjs': script }), 'render.mjs')).toBe('rendered');
   });
 
   it("a serving process's compiled modules leave out the migrator, mailparser and the country names (docs/operations.md \"Memory\")", { timeout: 60_000 }, () => {
@@ -130,36 +142,31 @@ describe('npm start runs the compiled build (README.md "Running in production")'
       ['dist/inbound/main.js', ['/@mikro-orm/migrations/', '/mailparser/', '/i18n-iso-countries/langs/']],
       ['dist/smtp/main.js', ['/@mikro-orm/migrations/', '/i18n-iso-countries/langs/']],
     ];
-    const dir = mkdtempSync(join(tmpdir(), 'mailroom-modules-'));
-    try {
-      writeFileSync(
-        join(dir, 'hooks.mjs'),
-        `import { appendFileSync } from 'node:fs';
-        let file;
-        export function initialize(data) { file = data.file; }
-        export async function load(url, context, next) { appendFileSync(file, url + '\\n'); return next(url, context); }`,
+    const hooks = `import { appendFileSync } from 'node:fs';
+      let file;
+      export function initialize(data) { file = data.file; }
+      export async function load(url, context, next) { appendFileSync(file, url + '\\n'); return next(url, context); }`;
+    for (const [entry, absent] of roles) {
+      const output = runScript(
+        (folder) => ({
+          'hooks.mjs': hooks,
+          'esm.txt': '',
+          'modules.mjs': `
+            import { createRequire, register } from 'node:module';
+            import { readFileSync } from 'node:fs';
+            register(${JSON.stringify(pathToFileURL(join(folder, 'hooks.mjs')).href)}, { data: { file: ${JSON.stringify(join(folder, 'esm.txt'))} } });
+            await import(${JSON.stringify(`${ROOT}${entry}`)});
+            const loaded = [...Object.keys(createRequire(import.meta.url).cache), ...readFileSync(${JSON.stringify(join(folder, 'esm.txt'))}, 'utf8').split('\\n').filter(Boolean)];
+            process.stdout.write(JSON.stringify(loaded));
+            process.exit(0);`,
+        }),
+        'modules.mjs',
       );
-      for (const [entry, absent] of roles) {
-        const esm = join(dir, `${entry.replaceAll('/', '_')}.txt`);
-        writeFileSync(esm, '');
-        const script = `
-          import { createRequire, register } from 'node:module';
-          import { readFileSync } from 'node:fs';
-          register(${JSON.stringify(pathToFileURL(join(dir, 'hooks.mjs')).href)}, { data: { file: ${JSON.stringify(esm)} } });
-          await import(${JSON.stringify(`${ROOT}${entry}`)});
-          const loaded = [...Object.keys(createRequire(import.meta.url).cache), ...readFileSync(${JSON.stringify(esm)}, 'utf8').split('\\n').filter(Boolean)];
-          process.stdout.write(JSON.stringify(loaded));
-          process.exit(0);`;
-        writeFileSync(join(dir, 'modules.mjs'), script);
-        const output = execFileSync(process.execPath, [join(dir, 'modules.mjs')], { cwd: ROOT, encoding: 'utf8', env: { PATH: process.env.PATH ?? '' }, timeout: 30_000 });
-        const loaded = JSON.parse(output) as string[];
-        // The check sees both kinds: the ORM (CommonJS) and the service's own files (ES modules).
-        expect(loaded.some((path) => path.includes('/@mikro-orm/core/')), entry).toBe(true);
-        expect(loaded.some((path) => path.startsWith('file://') && path.includes('/dist/shared/container.js')), entry).toBe(true);
-        for (const part of absent) expect(loaded.filter((path) => path.includes(part)), `${entry} loads ${part}`).toEqual([]);
-      }
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
+      const loaded = JSON.parse(output) as string[];
+      // The check sees both kinds: the ORM (CommonJS) and the service's own files (ES modules).
+      expect(loaded.some((path) => path.includes('/@mikro-orm/core/')), entry).toBe(true);
+      expect(loaded.some((path) => path.startsWith('file://') && path.includes('/dist/shared/container.js')), entry).toBe(true);
+      for (const part of absent) expect(loaded.filter((path) => path.includes(part)), `${entry} loads ${part}`).toEqual([]);
     }
   });
 });
