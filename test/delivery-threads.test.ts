@@ -113,6 +113,17 @@ describe('delivery threads', () => {
     expect(warnings).toEqual([{ fields: expect.objectContaining({ messages: 1 }), message: 'delivery thread failed; the message was rendered and built on the event loop' }]);
   });
 
+  it('fail a task that cannot be copied to the thread alone, at once: the thread goes on, and offLoop builds it on the event loop', async () => {
+    const threads = pool();
+    // A function: structured cloning refuses it (nodemailer ignores an option it does not know).
+    const uncopyable = { ...mail(5), onBuilt: () => undefined };
+    await expect(threads.answer({ kind: 'compose', mail: uncopyable })).rejects.toThrow(/could not be cloned/);
+    const next = await threads.answer({ kind: 'compose', mail: mail(6) });
+    expect(next.ok).toBe(true);
+    const composed = await offLoop(threads, { warn: () => {} }).compose(uncopyable);
+    expect(composed.raw.equals((await composeMessage(uncopyable)).raw)).toBe(true);
+  });
+
   it('are not used at DELIVERY_THREADS=0: the event loop renders and builds', async () => {
     const loop = offLoop(undefined);
     expect((await loop.compose(mail(3))).raw.equals((await composeMessage(mail(3))).raw)).toBe(true);

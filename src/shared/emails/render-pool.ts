@@ -115,12 +115,10 @@ export class RenderPool {
     const thread: Thread = { worker, ready: new Promise((resolve) => (markReady = resolve)), jobs: new Map() };
     worker.on('message', (message: { ready?: true; id?: number; answer?: RenderAnswer }) => {
       if (message.ready) return markReady();
-      const job = thread.jobs.get(message.id!);
-      if (!job || message.answer === undefined) return;
-      clearTimeout(job.timer);
-      thread.jobs.delete(message.id!);
+      if (message.answer === undefined) return;
+      const job = this.settle(thread, message.id!);
+      if (!job) return;
       job.resolve(message.answer);
-      if (thread.jobs.size === 0) thread.idle = setTimeout(() => this.retire(thread), IDLE_MS).unref();
       this.pump();
     });
     worker.on('error', (error) => this.fail(thread, error));
@@ -140,7 +138,27 @@ export class RenderPool {
     }, this.options.timeoutMs);
     thread.jobs.set(id, { ...job, timer });
     // The timer runs from now, thread start included: a broken thread fails the request too.
-    void thread.ready.then(() => thread.jobs.has(id) && thread.worker.postMessage({ id, task: job.task }));
+    void thread.ready.then(() => {
+      if (!thread.jobs.has(id)) return;
+      try {
+        thread.worker.postMessage({ id, task: job.task });
+      } catch (error) {
+        // A task that cannot be copied to the thread (a value structured cloning refuses) fails
+        // alone, at once: the thread and its other tasks go on.
+        this.settle(thread, id)?.reject(error as Error);
+        this.pump();
+      }
+    });
+  }
+
+  /** Takes task `id` off its thread (answered, or never sent); its job, unless already settled. */
+  private settle(thread: Thread, id: number): Job | undefined {
+    const job = thread.jobs.get(id);
+    if (!job) return undefined;
+    clearTimeout(job.timer);
+    thread.jobs.delete(id);
+    if (thread.jobs.size === 0) thread.idle = setTimeout(() => this.retire(thread), IDLE_MS).unref();
+    return job;
   }
 
   /**
