@@ -1,3 +1,4 @@
+import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../src/api/app.js';
 import type { App } from '../src/api/types.js';
@@ -152,5 +153,39 @@ describe('PostgreSQL goes away', () => {
       await pgProxy.restore();
     }
     await expectHealthy();
+  });
+});
+
+describe('a process stopped while Redis is unreachable', () => {
+  it('closes without an unhandled rejection when a queue still waits for a connection attempt under way', async () => {
+    // A port that refuses connections, then a Redis that accepts one and never answers: the
+    // queue made meanwhile waits for its first connection, and an attempt is under way when
+    // the process closes (SIGTERM during start-up, Redis down).
+    const refusing = createServer();
+    await new Promise<void>((resolve) => refusing.listen(0, '127.0.0.1', () => resolve()));
+    const port = (refusing.address() as AddressInfo).port;
+    await new Promise((resolve) => refusing.close(resolve));
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown) => void unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    const sockets: Socket[] = [];
+    const silent = createServer((socket) => {
+      sockets.push(socket);
+      socket.resume();
+    });
+    try {
+      const down = await createServices(loadConfig({ ...env.env, REDIS_URL: `redis://127.0.0.1:${port}` }), createLogger({ level: 'silent' }));
+      down.producer.queue('emails');
+      await new Promise((resolve) => down.redis.once('error', resolve));
+      await new Promise<void>((resolve) => silent.listen(port, '127.0.0.1', () => resolve()));
+      await waitFor('a connection attempt under way', async () => down.redis.status === 'connect', 10_000);
+      await closeServices(down);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+      for (const socket of sockets) socket.destroy();
+      silent.close();
+    }
   });
 });

@@ -19,7 +19,7 @@ import { SendGate } from './outcomes/send-gate.js';
 import { QueueProducer } from './queues/producer.js';
 import { organizationRateLimiter, tokenRateLimiter, type WindowRateLimiter } from './rate-limits/window.js';
 import { SnsCertificates } from './providers/sns.js';
-import { createRedis, settleConnection } from './redis.js';
+import { createRedis, disconnectRedis, settleConnection } from './redis.js';
 import { TokenListCache } from './tokens/list-cache.js';
 import { TokenCache } from './tokens/token-cache.js';
 import { LocalRoutingCache } from './verification/routing.js';
@@ -218,8 +218,12 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
 
 export async function closeServices(services: Services): Promise<void> {
   await services.closeState().catch((error: unknown) => services.logger.warn({ err: error }, 'process state did not stop cleanly'));
+  // The connection before the queues: a queue still waiting for its first connection (Redis
+  // unreachable at start) fails that wait when the connection ends, and BullMQ reports it on
+  // the queue's connection. A queue closed first has left it without a listener, and a stop
+  // during such an attempt ended the process on an unhandled rejection (exit 1, not 0).
+  await disconnectRedis(services.redis);
   await services.producer.close().catch(() => {});
-  services.redis.disconnect();
   services.dkimKeys.close();
   services.mailer.close();
   await services.render.close().catch(() => {});

@@ -49,6 +49,32 @@ export async function waitForRedis(redis: Redis, timeoutMs = 5_000): Promise<voi
   });
 }
 
+// How long a closing process waits for its connection's end (Redis answers a FIN at once).
+const DISCONNECT_WAIT_MS = 1_000;
+
+/**
+ * Disconnects, and when a socket was open or opening waits for the connection's end and one
+ * turn of the event loop after it: what waits on the connection (a BullMQ queue still waiting
+ * for its first connection) is told, and has run its handlers, before its owner is closed and
+ * stops listening. Without a socket (never connected, between two attempts) nothing ends and
+ * nothing is told.
+ */
+export async function disconnectRedis(redis: Redis): Promise<void> {
+  const open = redis.status === 'connecting' || redis.status === 'connect' || redis.status === 'ready';
+  const ended = open
+    ? new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, DISCONNECT_WAIT_MS);
+        redis.once('end', () => {
+          clearTimeout(timer);
+          // The promise chains the end settles are microtasks: all run before this.
+          setImmediate(resolve);
+        });
+      })
+    : Promise.resolve();
+  redis.disconnect();
+  await ended;
+}
+
 /**
  * Resolves once the first connection attempt has settled, ready or failed (at most
  * `timeoutMs`): true when ready. A process waits for this before serving, so its first
