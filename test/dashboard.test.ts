@@ -578,7 +578,11 @@ describe('dashboard in Chromium', () => {
 
   it('sends an htmx request of an expired session to the sign-in page as a whole (HX-Redirect), not into the panel it updates', async () => {
     await signIn(page, 'jane@acme.test', PASSWORD);
+    // The editor asks for its first preview once loaded (`hx-trigger="load"`): the session ends
+    // after that answer, or that request would be the one sent to the sign-in page.
+    const firstPreview = page.waitForResponse((r) => r.url() === `${base}/app/campaigns/preview`);
     await page.goto(`${base}/app/campaigns/new`);
+    expect((await firstPreview).status()).toBe(200);
     const keys = await ctx.services.redis.keys(`${ctx.env.config.redisPrefix}:dashboard:session:*`);
     await ctx.services.redis.del(...keys);
     await Promise.all([page.waitForURL(/\/app\/login\?notice=expired/), page.fill('#content', '# typed after the session ended')]);
