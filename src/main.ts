@@ -33,16 +33,29 @@ async function startAll(): Promise<void> {
   logger.info(`inbound SMTP for bounces and complaints on ${inbound.host}:${inbound.port}`);
   const submission = await startSubmission(services);
   logger.info(`SMTP submission on ${config.smtpSubmission.host}:${submission.port} (docs/smtp.md)`);
-  const started: { workers?: Awaited<ReturnType<typeof startWorkerProcess>> } = {};
-  // A signal while the workers wait for Redis stops what has started, and exits.
+  // Started before the stop is registered, so that a signal remembered from start-up finds it.
+  const starting = startWorkerProcess(services);
+  let stopping = false;
   shutdown.onStop(async () => {
+    stopping = true;
     await submission.close();
     await app.close();
     await inbound.close();
-    await started.workers?.close();
+    // Workers still starting are waited for while Redis answers (they are about to take jobs,
+    // and are closed as running ones are: their jobs finish); while it is unreachable they wait
+    // for it and have taken nothing, and the services are closed under them.
+    const workers = services.redis.status === 'ready' ? await starting.catch(() => undefined) : undefined;
+    await workers?.close();
     await closeServices(services);
   });
-  started.workers = await startWorkerProcess(services);
+  try {
+    await starting;
+  } catch (error) {
+    // A start cut short by the stop (its Redis connection closed under it) is no failure.
+    if (stopping) return;
+    throw error;
+  }
+  if (stopping) return;
   logger.info(`mailroom is running on http://${where} (docs at /docs)`);
 }
 await startAll();

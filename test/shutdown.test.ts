@@ -281,6 +281,21 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
 });
 
 describe('a signal during start-up', () => {
+  it('is not fatal to `npm start` while its workers start: it stops gracefully and exits 0', async () => {
+    // The signal comes once the listeners are up and the workers are starting: the services
+    // they start on (the queues' Redis connection) are closed under them by the stop.
+    const proc = runService('src/main.ts', [], { ...ctx.env.env, PORT: '0', LOG_LEVEL: 'info' });
+    try {
+      await proc.waitFor(/SMTP submission on/);
+      proc.child.kill('SIGTERM');
+      expect(await proc.exited, proc.stdout() + proc.stderr()).toBe(0);
+      expect(proc.stdout()).toMatch(/shutting down[\s\S]*stopped/);
+      expect(proc.stderr()).not.toMatch(/Error/);
+    } finally {
+      proc.kill();
+    }
+  });
+
   it('is not fatal: the API stops gracefully once started', async () => {
     // A "Redis" that accepts connections and never answers holds start-up for its 3 s wait.
     const sockets: Socket[] = [];
