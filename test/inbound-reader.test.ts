@@ -152,6 +152,36 @@ describe('reading reports', () => {
     expect(verdictOf(await readReport(bare550, ''), ONLY_TO)).toMatchObject({ type: 'bounced', bounceType: 'hard', diagnostic: 'remote said: 550 no such user' });
   });
 
+  it('reads a multipart report whose parts cannot be found (no boundary, or one never used) as unreadable, not as an unstructured bounce', async () => {
+    const report = (contentType: string) =>
+      Buffer.from(
+        [
+          'From: MAILER-DAEMON@mx.example.net',
+          `To: ${SENT.returnPath}`,
+          'Subject: Undelivered',
+          'MIME-Version: 1.0',
+          `Content-Type: ${contentType}`,
+          '',
+          '--X',
+          'Content-Type: message/delivery-status',
+          '',
+          `Final-Recipient: rfc822; ${SENT.to}`,
+          'Action: failed',
+          'Status: 5.1.1',
+          '',
+          '--X--',
+          '',
+        ].join('\r\n'),
+      );
+    for (const type of ['multipart/report; report-type=delivery-status', 'multipart/report; report-type=delivery-status; boundary="NOPE"', 'multipart/mixed']) {
+      const read = await readReport(report(type), '');
+      expect(read.content, type).toMatchObject({ kind: 'unreadable', reason: expect.stringContaining('malformed MIME') });
+      expect(verdictOf(read, ONLY_TO), type).toMatchObject({ type: 'ignored' });
+    }
+    // The same with its boundary is a DSN.
+    expect((await readReport(report('multipart/report; report-type=delivery-status; boundary="X"'), '')).content).toMatchObject({ kind: 'dsn' });
+  });
+
   it('reads the status of an unstructured bounce in its own words, not in the copy of the message it quotes', async () => {
     const notice = (separator: string, quoted: string) =>
       Buffer.from(

@@ -180,6 +180,12 @@ export async function readWithMailparser(raw: Buffer, mailFrom: string): Promise
     return { content: { kind: 'unreadable', reason: `malformed MIME: ${(error as Error).message}`.slice(0, 200) }, originalMessageId: null, loop: false };
   }
   const parts = mail.attachments;
+  // A multipart message is cut at its boundary (RFC 2046 5.1.1): without one, or with one its
+  // body never uses, no part is found and mailparser reads nothing. Read as an unstructured
+  // bounce, its empty text would be a soft bounce whatever its parts said.
+  if (headerText(mail, 'content-type')?.startsWith('multipart/') && parts.length === 0 && !mail.text && !mail.html) {
+    return { content: { kind: 'unreadable', reason: 'malformed MIME: a multipart message whose parts cannot be found (no boundary, or one never used)' }, originalMessageId: null, loop: false };
+  }
   const returned = parts.find((a) => RETURNED_TYPES.has(a.contentType));
   const status = parts.find((a) => STATUS_TYPES.has(a.contentType));
   const returnedText = returned ? partText(returned) : undefined;
