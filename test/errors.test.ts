@@ -42,6 +42,21 @@ describe('malformed requests (docs/foundation.md "Errors")', () => {
     expect(res.json()).toEqual({ name: 'invalid_json', message: expect.any(String), statusCode: 400 });
   });
 
+  it('answers 400 invalid_json to bytes that are not UTF-8 (RFC 8259 8.1), whatever charset is declared, and creates nothing', async () => {
+    const latin1 = Buffer.concat([Buffer.from('{"name":"Jos'), Buffer.from([0xe9]), Buffer.from('"}')]);
+    for (const contentType of ['application/json', 'application/json; charset=iso-8859-1']) {
+      const res = await postTokens(latin1, contentType);
+      expect(res.statusCode, contentType).toBe(400);
+      expect(res.json()).toEqual({ name: 'invalid_json', message: 'The body is not valid JSON: it is not UTF-8', statusCode: 400 });
+    }
+    const tokens = await ctx.app.inject({ method: 'GET', url: '/api/v2/tokens', headers: bearer(token) });
+    expect(tokens.json().data.map((t: { name: string }) => t.name)).not.toContain('Jos\ufffd');
+    // The same name in UTF-8 is taken as sent.
+    const utf8 = await postTokens(Buffer.from('{"name":"José"}'), 'application/json');
+    expect(utf8.statusCode).toBe(200);
+    expect(utf8.json().name).toBe('José');
+  });
+
   it.each([
     ['a "__proto__" key', '{"name":"x","__proto__":{"admin":true}}'],
     ['a "constructor" holding "prototype"', '{"name":"x","constructor":{"prototype":{"admin":true}}}'],

@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { EntityManager } from '@mikro-orm/postgresql';
@@ -13,7 +14,7 @@ import { finishOpenApi } from './openapi.js';
 import { installValidationMessages, singleValuedQuery, strictBody } from './validation.js';
 import { adminDashboard } from './plugins/admin.js';
 import { authHook } from './plugins/auth.js';
-import { clientErrorHandler, frameworkError, registerErrorHandling, validationStatusOf } from './plugins/errors.js';
+import { BODY_NOT_UTF8, clientErrorHandler, frameworkError, registerErrorHandling, validationStatusOf } from './plugins/errors.js';
 import { countAnswer, registerMetrics } from './plugins/metrics.js';
 import { confirmRoutes } from './routes/confirm.js';
 import { unsubscribeRoutes } from './routes/unsubscribe.js';
@@ -73,7 +74,10 @@ export async function buildApp(services: Services, options: BuildAppOptions = {}
   // refused).
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
+    // JSON between systems is UTF-8 (RFC 8259 8.1), whatever charset a client declares: other
+    // bytes are refused, not decoded into U+FFFD and stored so.
+    if (!isUtf8(body as Buffer)) return done(Object.assign(new Error('The body is not valid JSON: it is not UTF-8'), { code: BODY_NOT_UTF8 }), undefined);
     const text = body.toString();
     if (text === '') return done(null, undefined);
     // Valid JSON the service will not take is a validation error of the body, in the route's

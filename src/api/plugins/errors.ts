@@ -17,8 +17,12 @@ export function errorBody(statusCode: number, name: string, message: string, det
   return details ? { name, message, statusCode, details } : { name, message, statusCode };
 }
 
-// Fastify's own errors, by code, to the error names of docs/foundation.md "Errors".
+/** The code of a JSON body that is not UTF-8 (the API's JSON parser, app.ts). */
+export const BODY_NOT_UTF8 = 'MAILROOM_ERR_BODY_NOT_UTF8';
+
+// Fastify's own errors and the JSON parser's, by code, to the error names of docs/foundation.md "Errors".
 const FASTIFY_ERRORS: Record<string, { status: number; name: string; message: string }> = {
+  [BODY_NOT_UTF8]: { status: 400, name: 'invalid_json', message: 'The body is not valid JSON: it is not UTF-8' },
   FST_ERR_CTP_INVALID_JSON_BODY: { status: 400, name: 'invalid_json', message: 'The body is not valid JSON' },
   FST_ERR_CTP_BODY_TOO_LARGE: { status: 413, name: 'payload_too_large', message: 'The body is larger than this endpoint accepts' },
   FST_ERR_CTP_INVALID_MEDIA_TYPE: { status: 415, name: 'unsupported_media_type', message: 'The body must be JSON (Content-Type: application/json)' },
