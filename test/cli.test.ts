@@ -98,6 +98,8 @@ describe('bad usage exits non-zero with a message', () => {
     [['org', 'create', '--name', 'A', '--verify-quota', 'lots'], '--verify-quota'],
     [['org', 'create', '--name', 'A', '--colour', 'red'], '--colour'],
     [['org', 'update'], 'organization id'],
+    [['org', 'update', 'org_x', 'other', '--name', 'A'], 'org update takes one organization id, not "org_x other"'],
+    [['org', 'create', '--name', 'A', 'extra'], 'extra'],
     [['org', 'update', 'org_x', '--track-opens', 'maybe'], '--track-opens'],
     [['org', 'create', '--name', 'A', '--verify-quota', '99999999999'], '--verify-quota'],
     [['org', 'update', 'org_x', '--name', '  '], '--name'],

@@ -118,6 +118,7 @@ async function orgUpdate(config: Config, args: string[]): Promise<void> {
   });
   const id = positionals[0];
   if (!id) throw new UsageError('org update needs the organization id');
+  if (positionals.length > 1) throw new UsageError(`org update takes one organization id, not "${positionals.join(' ')}"`);
   const org = await withOrm(config, (orm) =>
     updateOrganization(orm.em.fork(), id, {
       name: orgName(values.name),
