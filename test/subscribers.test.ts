@@ -286,6 +286,13 @@ describe('GET, PATCH and list (docs/audience.md)', () => {
     expect(page2.data.map((s: { id: string }) => s.id)).toEqual([ids[2], ids[1]]);
     const page3 = (await api('GET', `/subscribers?limit=2&after=${ids[1]}`, undefined, org.token)).json();
     expect(page3).toMatchObject({ has_more: false, data: [{ id: ids[0] }] });
+    // `before` pages back up (spec 9.2): the `limit` just newer than the cursor, newest first.
+    const back = (await api('GET', `/subscribers?limit=2&before=${ids[1]}`, undefined, org.token)).json();
+    expect(back).toMatchObject({ has_more: true, data: [{ id: ids[3] }, { id: ids[2] }] });
+    const top = (await api('GET', `/subscribers?limit=2&before=${ids[2]}`, undefined, org.token)).json();
+    expect(top).toMatchObject({ has_more: false, data: [{ id: ids[4] }, { id: ids[3] }] });
+    const oddBack = (await api('GET', `/subscribers?tag=odd&before=${ids[1]}`, undefined, org.token)).json();
+    expect(oddBack.data.map((s: { id: string }) => s.id)).toEqual([ids[3]]);
 
     const unsub = (await api('GET', '/subscribers?status=UNSUBSCRIBED', undefined, org.token)).json();
     expect(unsub.data.map((s: { id: string }) => s.id)).toEqual([ids[4]]);
@@ -299,7 +306,7 @@ describe('GET, PATCH and list (docs/audience.md)', () => {
     expect((await api('GET', '/subscribers?query=%25', undefined, org.token)).json().data).toEqual([]);
   });
 
-  it.each(['status=GONE', 'limit=0', 'limit=101', 'after=nope'])('refuses %s with 422', async (query) => {
+  it.each(['status=GONE', 'limit=0', 'limit=101', 'after=nope', 'before=nope', `after=sub_${'0'.repeat(26)}&before=sub_${'0'.repeat(26)}`])('refuses %s with 422', async (query) => {
     const res = await api('GET', `/subscribers?${query}`);
     expect(res.statusCode).toBe(422);
     expect(res.json().name).toBe('validation_error');

@@ -45,6 +45,7 @@ const WritableFields = {
 export const ListSubscribersQuery = z.object({
   limit: limitQuery.default(20),
   after: z.string().regex(/^sub_[0-9a-z]{26}$/, 'must be a subscriber id').optional(),
+  before: z.string().regex(/^sub_[0-9a-z]{26}$/, 'must be a subscriber id').optional(),
   status: Status.optional(),
   tag: z.string().min(1).max(100).optional(),
   query: z.string().max(254).optional().describe('Substring of the address or the name; empty means no filter'),
@@ -215,6 +216,7 @@ export async function subscribersRoutes(app: App): Promise<void> {
         querystring: z.object({
           limit: limitQuery.default(20),
           after: z.string().regex(/^evt_[0-9a-z]{26}$/, 'must be an event id').optional(),
+          before: z.string().regex(/^evt_[0-9a-z]{26}$/, 'must be an event id').optional(),
         }),
         response: { 200: listEnvelope(EventItem) },
       },

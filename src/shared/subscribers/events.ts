@@ -1,4 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
+import { assertOneCursor } from '../db/cursor.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import { normalizeEmail } from './input.js';
@@ -61,14 +62,17 @@ export async function listSubscriberEvents(
   em: EntityManager,
   organizationId: string,
   ref: string,
-  query: { limit: number; after?: string },
+  query: { limit: number; after?: string; before?: string },
 ): Promise<{ items: SubscriberEventItem[]; hasMore: boolean }> {
+  assertOneCursor(query);
   const subscriber = await findSubscriberRow(em, organizationId, ref);
   if (!subscriber) throw new NotFoundError(`No subscriber ${ref}`);
-  const found = await q.selectSubscriberEvents(em, subscriber.id, { after: query.after, limit: query.limit + 1 });
+  const found = await q.selectSubscriberEvents(em, subscriber.id, { after: query.after, before: query.before, limit: query.limit + 1 });
   const hasMore = found.length > query.limit;
+  // From `before` the rows come oldest first; the extra one is the newest, left out.
+  const page = query.before ? found.slice(0, query.limit).reverse() : found.slice(0, query.limit);
   return {
-    items: found.slice(0, query.limit).map((r) => ({ id: r.id, eventType: r.event_type, data: r.data, createdAt: new Date(r.created_at) })),
+    items: page.map((r) => ({ id: r.id, eventType: r.event_type, data: r.data, createdAt: new Date(r.created_at) })),
     hasMore,
   };
 }

@@ -115,19 +115,25 @@ export async function updateSubscriber(
 
 export interface SubscriberPageFilter {
   after?: string;
+  /** Read upwards from this id (oldest first): the caller reverses the page. */
+  before?: string;
   status?: SubscriberStatus;
   tagId?: string;
   /** A `like` pattern, already escaped. */
   pattern?: string;
 }
 
-/** Newest first, keyset on the id: `limit` rows at most. */
+/** Newest first (oldest first from `before`), keyset on the id: `limit` rows at most. */
 export async function selectSubscriberPage(db: Db, organizationId: string, f: SubscriberPageFilter, limit: number): Promise<SubscriberRow[]> {
   const where = ['s.organization_id = ?'];
   const params: unknown[] = [organizationId];
   if (f.after) {
     where.push('s.id < ?');
     params.push(f.after);
+  }
+  if (f.before) {
+    where.push('s.id > ?');
+    params.push(f.before);
   }
   if (f.status) {
     where.push('s.status = ?');
@@ -141,7 +147,7 @@ export async function selectSubscriberPage(db: Db, organizationId: string, f: Su
     where.push(`(s.email like ? or s.name ilike ?)`);
     params.push(f.pattern.toLowerCase(), f.pattern);
   }
-  return rows<SubscriberRow>(db, `select s.* from subscribers s where ${where.join(' and ')} order by s.id desc limit ?`, [...params, limit]);
+  return rows<SubscriberRow>(db, `select s.* from subscribers s where ${where.join(' and ')} order by s.id ${f.before ? 'asc' : 'desc'} limit ?`, [...params, limit]);
 }
 
 // ---------------------------------------------------------------- tags of subscribers
@@ -325,15 +331,16 @@ export interface SubscriberEventRow {
 }
 
 /** Newest first, keyset on the id: `limit` rows at most. */
-export async function selectSubscriberEvents(em: Execute, subscriberId: string, q: { after?: string; limit: number }): Promise<SubscriberEventRow[]> {
+/** Newest first (oldest first from `before`: the caller reverses the page), keyset on the id. */
+export async function selectSubscriberEvents(em: Execute, subscriberId: string, q: { after?: string; before?: string; limit: number }): Promise<SubscriberEventRow[]> {
   const params: unknown[] = [subscriberId];
-  let after = '';
-  if (q.after) {
-    after = ' and id < ?';
-    params.push(q.after);
+  let cursor = '';
+  if (q.after ?? q.before) {
+    cursor = q.before ? ' and id > ?' : ' and id < ?';
+    params.push(q.before ?? q.after);
   }
   return (await em.execute(
-    `select id, event_type, data, created_at from subscriber_events where subscriber_id = ?${after} order by id desc limit ?`,
+    `select id, event_type, data, created_at from subscriber_events where subscriber_id = ?${cursor} order by id ${q.before ? 'asc' : 'desc'} limit ?`,
     [...params, q.limit] as never[],
   )) as SubscriberEventRow[];
 }

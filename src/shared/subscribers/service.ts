@@ -1,5 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { SubscriberStatus } from '../db/entities/index.js';
+import { assertOneCursor } from '../db/cursor.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import type { QueueProducer } from '../queues/producer.js';
@@ -399,6 +400,8 @@ export function unsubscribeSubscriber(
 export interface ListSubscribersQuery {
   limit: number;
   after?: string;
+  /** The `limit` subscribers just newer than this id, still newest first. */
+  before?: string;
   status?: SubscriberStatus;
   tag?: string;
   query?: string;
@@ -414,15 +417,17 @@ export async function listSubscribers(
 }
 
 async function listOn(em: Db, organizationId: string, query: ListSubscribersQuery): Promise<{ items: SubscriberRecord[]; hasMore: boolean }> {
+  assertOneCursor(query);
   let tagId: string | undefined;
   if (query.tag !== undefined) {
     [tagId] = await tagIdsByName(em, organizationId, [query.tag.trim()]);
     if (!tagId) return { items: [], hasMore: false };
   }
   const pattern = query.query ? `%${query.query.replace(/[\\%_]/g, '\\$&')}%` : undefined;
-  const found = await q.selectSubscriberPage(em, organizationId, { after: query.after, status: query.status, tagId, pattern }, query.limit + 1);
+  const found = await q.selectSubscriberPage(em, organizationId, { after: query.after, before: query.before, status: query.status, tagId, pattern }, query.limit + 1);
   const hasMore = found.length > query.limit;
-  const page = hasMore ? found.slice(0, query.limit) : found;
+  // From `before` the rows come oldest first; the extra one is the newest, left out.
+  const page = query.before ? found.slice(0, query.limit).reverse() : found.slice(0, query.limit);
   const tags = await tagsOf(em, page.map((r) => r.id));
   return { items: page.map((r) => toRecord(r, tags.get(r.id) ?? [])), hasMore };
 }
