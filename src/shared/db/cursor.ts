@@ -19,6 +19,15 @@ export function assertOneCursor(query: { after?: string; before?: string }): voi
 }
 
 /**
+ * A page of `limit` items from `limit + 1` rows read newest first, or oldest first from a
+ * `before` cursor (`upwards`): those are reversed, and the extra row, the newest, is left out.
+ */
+export function pageOf<T>(rows: T[], limit: number, upwards: boolean): { items: T[]; hasMore: boolean } {
+  const items = rows.slice(0, limit);
+  return { items: upwards ? items.reverse() : items, hasMore: rows.length > limit };
+}
+
+/**
  * One page of a list ordered newest first by id (ULIDs sort by creation), with the id
  * cursors of every v2 list that takes them: `after` and `before` not both, and a cursor that
  * is not in `scope` (another organization's id, an unknown one) is 422 naming it, with
@@ -45,11 +54,10 @@ export async function pageByIdCursor<T extends { id: string }, Row = T>(
   }
   const { limit } = query;
   if (query.before !== undefined) {
-    // Read upwards from the cursor; the extra row is the newest, dropped from the reversed page.
     const rows = await em.find(entity, { $and: [where, { id: { $gt: query.before } }] } as FilterQuery<T>, { ...options, orderBy: { id: 'asc' }, limit: limit + 1 } as FindOptions<T>);
-    return { items: rows.slice(0, limit).reverse() as Row[], hasMore: rows.length > limit };
+    return pageOf(rows as Row[], limit, true);
   }
   const filter = query.after !== undefined ? ({ $and: [where, { id: { $lt: query.after } }] } as FilterQuery<T>) : where;
   const rows = await em.find(entity, filter, { ...options, orderBy: { id: 'desc' }, limit: limit + 1 } as FindOptions<T>);
-  return { items: rows.slice(0, limit) as Row[], hasMore: rows.length > limit };
+  return pageOf(rows as Row[], limit, false);
 }

@@ -1,5 +1,5 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
-import { assertOneCursor } from '../db/cursor.js';
+import { assertOneCursor, pageOf } from '../db/cursor.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import { normalizeEmail } from './input.js';
@@ -68,11 +68,9 @@ export async function listSubscriberEvents(
   const subscriber = await findSubscriberRow(em, organizationId, ref);
   if (!subscriber) throw new NotFoundError(`No subscriber ${ref}`);
   const found = await q.selectSubscriberEvents(em, subscriber.id, { after: query.after, before: query.before, limit: query.limit + 1 });
-  const hasMore = found.length > query.limit;
-  // From `before` the rows come oldest first; the extra one is the newest, left out.
-  const page = query.before ? found.slice(0, query.limit).reverse() : found.slice(0, query.limit);
+  const { items, hasMore } = pageOf(found, query.limit, query.before !== undefined);
   return {
-    items: page.map((r) => ({ id: r.id, eventType: r.event_type, data: r.data, createdAt: new Date(r.created_at) })),
+    items: items.map((r) => ({ id: r.id, eventType: r.event_type, data: r.data, createdAt: new Date(r.created_at) })),
     hasMore,
   };
 }

@@ -330,7 +330,6 @@ export interface SubscriberEventRow {
   created_at: Date;
 }
 
-/** Newest first, keyset on the id: `limit` rows at most. */
 /** Newest first (oldest first from `before`: the caller reverses the page), keyset on the id. */
 export async function selectSubscriberEvents(em: Execute, subscriberId: string, q: { after?: string; before?: string; limit: number }): Promise<SubscriberEventRow[]> {
   const params: unknown[] = [subscriberId];

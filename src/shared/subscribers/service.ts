@@ -1,6 +1,6 @@
 import type { EntityManager } from '@mikro-orm/postgresql';
 import type { SubscriberStatus } from '../db/entities/index.js';
-import { assertOneCursor } from '../db/cursor.js';
+import { assertOneCursor, pageOf } from '../db/cursor.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import type { QueueProducer } from '../queues/producer.js';
@@ -425,9 +425,7 @@ async function listOn(em: Db, organizationId: string, query: ListSubscribersQuer
   }
   const pattern = query.query ? `%${query.query.replace(/[\\%_]/g, '\\$&')}%` : undefined;
   const found = await q.selectSubscriberPage(em, organizationId, { after: query.after, before: query.before, status: query.status, tagId, pattern }, query.limit + 1);
-  const hasMore = found.length > query.limit;
-  // From `before` the rows come oldest first; the extra one is the newest, left out.
-  const page = query.before ? found.slice(0, query.limit).reverse() : found.slice(0, query.limit);
+  const { items: page, hasMore } = pageOf(found, query.limit, query.before !== undefined);
   const tags = await tagsOf(em, page.map((r) => r.id));
   return { items: page.map((r) => toRecord(r, tags.get(r.id) ?? [])), hasMore };
 }
