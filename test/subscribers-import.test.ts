@@ -68,6 +68,48 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
     expect(old.tags.map((t: { name: string }) => t.name)).toEqual(['kept', 'new']);
   });
 
+  it('imports through the API with MAILROOM_TOKEN and no --org, as the token\'s organization, in requests of 1,000 records', async () => {
+    const other = await createOrg(ctx.services);
+    const address = await ctx.app.listen({ port: 0, host: '127.0.0.1' });
+    const rows = Array.from({ length: 2_345 }, (_, i) => `api${i}@example.com,Api ${i},bulk;api-${i % 3},${i}`);
+    const file = join(dir, 'through-api.csv');
+    await writeFile(file, ['email,name,tags,rank', ...rows, 'not-an-address,,,', 'api7@example.com,Again,,'].join('\n'));
+    const env = { ...ctx.env.env, MAILROOM_URL: address, MAILROOM_TOKEN: other.token, DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' };
+    const result = await runCli(['subscribers', 'import', file, '--json'], env);
+    expect(result.code, result.stderr).toBe(0);
+    const summary = JSON.parse(result.stdout);
+    expect(summary).toMatchObject({ organizationId: null, rows: 2_347, created: 2_345, updated: 1, skipped: 1, merged: 0 });
+    expect(result.stderr).toContain('line 2347: invalid email address');
+    // The repeated address came in a later request: an update, not a merge.
+    expect(summary.created + summary.updated + summary.skipped + summary.merged).toBe(summary.rows);
+    const seven = (await ctx.app.inject({ url: '/api/v2/subscribers/api7@example.com', headers: bearer(other.token) })).json();
+    expect(seven).toMatchObject({ name: 'Again', fields: [{ name: 'rank', value: '7' }] });
+    expect(seven.tags.map((t: { name: string }) => t.name)).toEqual(['api-1', 'bulk']);
+    // In the token's organization only.
+    expect((await get('api7@example.com')).statusCode).toBe(404);
+    // A bad token is the API's answer, and nothing is imported.
+    const refused = await runCli(['subscribers', 'import', file], { ...env, MAILROOM_TOKEN: `svc_${'0'.repeat(64)}` });
+    expect(refused).toMatchObject({ code: 1, stderr: expect.stringContaining('missing_api_key') });
+    // Neither --org nor a token: told both ways.
+    const neither = await runCli(['subscribers', 'import', file], ctx.env.env);
+    expect(neither).toMatchObject({ code: 2, stderr: expect.stringContaining('--org ORG_ID (the database directly) or MAILROOM_TOKEN') });
+  });
+
+  it('POST /api/v2/subscribers/import parses and imports records, reporting what it skipped', async () => {
+    const answer = await ctx.app.inject({
+      method: 'POST',
+      url: '/api/v2/subscribers/import',
+      headers: bearer(org.token),
+      payload: { records: [{ email: 'rec1@example.com', tags: 'a;b', plan: 'x' }, { email: 'nope' }, { email: 'rec1@example.com', name: 'One' }], resubscribe: false },
+    });
+    expect(answer.statusCode, answer.body).toBe(200);
+    expect(answer.json()).toEqual({ object: 'import', created: 1, updated: 0, merged: 1, skipped: [{ index: 1, error: 'invalid email address "nope"' }], warnings: [] });
+    expect((await get('rec1@example.com')).json()).toMatchObject({ name: 'One', fields: [{ name: 'plan', value: 'x' }] });
+    const tooMany = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/import', headers: bearer(org.token), payload: { records: Array.from({ length: 1_001 }, (_, i) => ({ email: `m${i}@example.com` })) } });
+    expect(tooMany.statusCode).toBe(422);
+    expect((await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/import', headers: bearer(org.token), payload: { records: [] } })).statusCode).toBe(422);
+  });
+
   it('skips a row with more than 100 tags or 100 fields, as POST /subscribers refuses it', async () => {
     const columns = Array.from({ length: 101 }, (_, i) => `c${i}`);
     const file = join(dir, 'wide.csv');

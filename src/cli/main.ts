@@ -7,6 +7,7 @@ import { ensureDatabase, initOrm, migrate, type Orm } from '../shared/db/orm.js'
 import { isDependencyDown } from '../shared/dependency-errors.js';
 import { AppError } from '../shared/errors.js';
 import { createOrganization, updateOrganization } from '../shared/organizations/service.js';
+import { apiTarget, callApi } from './api-client.js';
 import { orgList, tokenList, tokenRevoke, type OperatorCli } from './operator.js';
 import { subscribersImport } from './subscribers-import.js';
 import { userCreate, userList } from './users.js';
@@ -25,6 +26,7 @@ Operator commands (talk to the database directly):
                                             upsert subscribers from a CSV (columns email, name,
                                             phone, tags separated by ; or |, other columns are
                                             custom fields); progress on stderr, summary at the end
+                                            (without --org: through the API, see below)
   user create --org ORG_ID --email EMAIL [--json]
                                             a dashboard user; the password is read from stdin
   user list --org ORG_ID [--json]
@@ -33,6 +35,8 @@ Operator commands need the same DATABASE_URL (and REDIS_URL, REDIS_PREFIX) as th
 
 User commands (talk to the API: MAILROOM_URL, default http://127.0.0.1:3000, and MAILROOM_TOKEN):
   verify EMAIL [--json]                     verify an address (counts against the monthly quota)
+  subscribers import FILE.csv [--no-resubscribe] [--json]
+                                            the import above, into the token's organization
 `;
 
 class UsageError extends Error {}
@@ -143,7 +147,9 @@ async function verify(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { json: { type: 'boolean', default: false } } });
   const email = positionals[0];
   if (!email || positionals.length > 1) throw new UsageError('verify takes one address');
-  const result = await callApi('POST', '/api/v2/verify', { email });
+  const target = apiTarget();
+  if (!target) throw new UsageError('set MAILROOM_TOKEN to an API token (svc_...)');
+  const result = await callApi(target, 'POST', '/api/v2/verify', { email });
   if (values.json) {
     process.stdout.write(`${JSON.stringify(result)}\n`);
   } else {
@@ -168,28 +174,6 @@ interface VerifyAnswer {
   suggestion: string | null;
   issues: Array<{ code: string; message: string; severity: string; retryable: boolean }>;
   quota: { used: number; limit: number; resets_at: string };
-}
-
-/** A user command's call to the API; an error body becomes an AppError with its message. */
-async function callApi(method: string, path: string, body: unknown): Promise<unknown> {
-  const base = (process.env.MAILROOM_URL || 'http://127.0.0.1:3000').replace(/\/+$/, '');
-  const token = process.env.MAILROOM_TOKEN;
-  if (!token) throw new UsageError('set MAILROOM_TOKEN to an API token (svc_...)');
-  let response: Response;
-  try {
-    response = await fetch(`${base}${path}`, {
-      method,
-      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-      body: JSON.stringify(body),
-    });
-  } catch (error) {
-    throw new AppError(503, 'service_unavailable', `cannot reach ${base}: ${(error as Error).message}`);
-  }
-  const answer = (await response.json().catch(() => null)) as { name?: string; message?: string } | null;
-  if (!response.ok) {
-    throw new AppError(response.status, answer?.name ?? 'error', `${response.status} ${answer?.name ?? ''}: ${answer?.message ?? response.statusText}`);
-  }
-  return answer;
 }
 
 async function runMigrate(config: Config): Promise<void> {

@@ -6,18 +6,24 @@ import { CsvError, parse } from 'csv-parse';
 import type { Config } from '../shared/config.js';
 import { initOrm } from '../shared/db/orm.js';
 import { AppError, NotFoundError } from '../shared/errors.js';
-import { CsvHeaderError, importBatch, importCsvOptions, parseImportRecord, type ImportRow } from '../shared/subscribers/import.js';
+import { CsvHeaderError, importBatch, importCsvOptions, parseImportRecord, type BatchResult, type ImportRow, type RecordsResult } from '../shared/subscribers/import.js';
+import { apiTarget, callApi } from './api-client.js';
 import { organizationExists } from '../shared/organizations/queries.js';
 
 // Rows per transaction: large enough that a batch costs a few round trips per thousand
 // rows, small enough that one batch's locks and memory stay modest.
 const BATCH_SIZE = 2_000;
+// Through the API: the records a request of `POST /subscribers/import` takes, and the JSON
+// bytes a request carries at most (the API's body limit is 1 MiB).
+const API_BATCH_SIZE = 1_000;
+const API_BATCH_BYTES = 768 * 1024;
 // Skipped rows are listed on stderr up to this many; the summary counts them all.
 const SHOWN_PROBLEMS = 20;
 
 export interface ImportSummary {
   file: string;
-  organizationId: string;
+  /** Null through the API: the token's organization. */
+  organizationId: string | null;
   rows: number;
   created: number;
   updated: number;
@@ -29,7 +35,11 @@ export interface ImportSummary {
   rowsPerSecond: number;
 }
 
-/** `subscribers import FILE.csv --org ORG_ID [--no-resubscribe] [--json]` */
+/**
+ * `subscribers import FILE.csv --org ORG_ID [--no-resubscribe] [--json]` (operator: the
+ * database directly), or without `--org` and with MAILROOM_TOKEN (user: through the API, as
+ * the token's organization, `POST /api/v2/subscribers/import` a thousand records at a time).
+ */
 export async function subscribersImport(config: Config, args: string[], usage: (message: string) => Error): Promise<void> {
   const { values, positionals } = parseArgs({
     args,
@@ -42,15 +52,16 @@ export async function subscribersImport(config: Config, args: string[], usage: (
   });
   const file = positionals[0];
   if (!file) throw usage('subscribers import needs a CSV file');
-  if (!values.org) throw usage('subscribers import needs --org ORG_ID');
-  const organizationId = values.org;
+  const target = values.org ? undefined : apiTarget();
+  if (!values.org && !target) throw usage('subscribers import needs --org ORG_ID (the database directly) or MAILROOM_TOKEN (through the API)');
+  const organizationId = values.org ?? null;
   const found = await stat(file).catch(() => {
     throw new NotFoundError(`cannot read ${file}`);
   });
   if (!found.isFile()) throw new AppError(422, 'invalid_csv', `${file} is not a file`);
   const size = found.size;
 
-  const orm = await initOrm({ databaseUrl: config.databaseUrl, poolSize: 2 });
+  const orm = organizationId ? await initOrm({ databaseUrl: config.databaseUrl, poolSize: 2 }) : undefined;
   const bar = new SingleBar({
     stream: process.stderr,
     format: 'importing [{bar}] {percentage}% | {rows} rows | {rate} rows/s',
@@ -62,7 +73,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
   const problems: string[] = [];
   const started = performance.now();
   try {
-    if (!(await organizationExists(orm.em.fork(), organizationId))) throw new NotFoundError(`no organization ${organizationId}`);
+    if (orm && organizationId && !(await organizationExists(orm.em.fork(), organizationId))) throw new NotFoundError(`no organization ${organizationId}`);
 
     let missingEmail = false;
     let sawHeader = false;
@@ -102,14 +113,26 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     const parser = open();
     bar.start(size, 0, { rows: 0, rate: 0 });
     let batch: ImportRow[] = [];
+    // Through the API the records go as read (the API parses them again), with their bytes.
+    let records: Record<string, string>[] = [];
+    let recordBytes = 0;
+    const resubscribe = !values['no-resubscribe'];
     const flush = async () => {
       if (batch.length === 0) return;
-      const result = await importBatch(orm.em.fork(), organizationId, batch, { resubscribe: !values['no-resubscribe'], now: new Date() });
+      const result: BatchResult & Partial<RecordsResult> =
+        orm && organizationId
+          ? await importBatch(orm.em.fork(), organizationId, batch, { resubscribe, now: new Date() })
+          : ((await callApi(target!, 'POST', '/api/v2/subscribers/import', { records, resubscribe })) as RecordsResult);
       summary.created += result.created;
       summary.updated += result.updated;
       summary.merged += result.merged;
+      // The API reads the records as this command did: what it skips, this command skipped.
+      summary.skipped += result.skipped?.length ?? 0;
       batch = [];
+      records = [];
+      recordBytes = 0;
     };
+    const full = () => (orm ? batch.length >= BATCH_SIZE : batch.length >= API_BATCH_SIZE || recordBytes >= API_BATCH_BYTES);
     for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>; info: { lines: number; error?: Error } }>) {
       summary.rows++;
       const parsed = parseImportRecord(record);
@@ -124,8 +147,12 @@ export async function subscribersImport(config: Config, args: string[], usage: (
         summary.warnings += warnings.length;
         for (const warning of warnings) if (problems.length < SHOWN_PROBLEMS) problems.push(`line ${info.lines}: ${warning}`);
         batch.push(parsed.row);
+        if (!orm) {
+          records.push(record);
+          recordBytes += JSON.stringify(record).length;
+        }
       }
-      if (batch.length >= BATCH_SIZE) {
+      if (full()) {
         await flush();
         const seconds = (performance.now() - started) / 1000;
         bar.update(parser.info.bytes, { rows: summary.rows, rate: Math.round(summary.rows / seconds) });
@@ -140,7 +167,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     bar.stop();
     throw error;
   } finally {
-    await orm.close(true);
+    await orm?.close(true);
   }
 
   for (const problem of problems) process.stderr.write(`${problem}\n`);
@@ -148,7 +175,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     process.stdout.write(`${JSON.stringify(summary)}\n`);
   } else {
     process.stdout.write(
-      `Imported ${file} into ${organizationId}: ${summary.rows} rows in ${summary.seconds} s (${summary.rowsPerSecond} rows/s): ` +
+      `Imported ${file} into ${organizationId ?? "the token's organization"}: ${summary.rows} rows in ${summary.seconds} s (${summary.rowsPerSecond} rows/s): ` +
         `${summary.created} created, ${summary.updated} updated, ${summary.skipped} skipped, ${summary.merged} merged into an earlier row of their address, ${summary.warnings} warnings.\n`,
     );
   }

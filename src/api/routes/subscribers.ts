@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { SUBSCRIBER_STATUSES } from '../../shared/db/entities/index.js';
 import { AppError } from '../../shared/errors.js';
 import { listSubscriberEvents } from '../../shared/subscribers/events.js';
+import { importRecords } from '../../shared/subscribers/import.js';
 import { CountryCode, EmailAddress, FIELDS_MAX, IpAddress, TAGS_MAX } from '../../shared/subscribers/input.js';
 import type { SubscriberRecord } from '../../shared/subscribers/rows.js';
 import {
@@ -53,6 +54,21 @@ export const ListSubscribersQuery = z.object({
 
 export const CreateBody = z.object({ email: EmailAddress, ...WritableFields });
 export const PatchBody = z.object({ email: EmailAddress.optional(), ...WritableFields });
+// A batch of `subscribers import` run with a token: the CSV's records, read by the CLI, parsed
+// and imported here in one transaction (docs/audience.md "CSV import").
+const IMPORT_RECORDS_MAX = 1_000;
+const ImportBody = z.object({
+  records: z.array(z.record(z.string(), z.string())).min(1).max(IMPORT_RECORDS_MAX, `at most ${IMPORT_RECORDS_MAX} records a request`),
+  resubscribe: z.boolean().optional().describe('Unsubscribed addresses in the file are subscribed again (default true)'),
+});
+const ImportAnswer = z.object({
+  object: z.literal('import'),
+  created: z.number(),
+  updated: z.number(),
+  merged: z.number(),
+  skipped: z.array(z.object({ index: z.number(), error: z.string() })),
+  warnings: z.array(z.object({ index: z.number(), warning: z.string() })),
+});
 const TagsBody = z.object({ tags: z.array(z.string()).min(1).max(TAGS_MAX, `at most ${TAGS_MAX} tags`), triggerWorkflows: z.boolean().optional() });
 const UnsubscribeBody = z.object({ triggerWorkflows: z.boolean().optional() }).nullish();
 
@@ -126,6 +142,18 @@ export async function subscribersRoutes(app: App): Promise<void> {
       schema: { tags: ['subscribers'], summary: 'Create a subscriber or update it by address', body: CreateBody, response: { 200: WriteShape } },
     },
     async (request) => writeShape(await createSubscriber(deps(request.em), request.caller.organizationId, request.body)),
+  );
+
+  app.post(
+    '/subscribers/import',
+    {
+      config: { permission: 'subscribers' },
+      schema: { tags: ['subscribers'], summary: 'Import a batch of CSV records (the CLI\'s subscribers import)', body: ImportBody, response: { 200: ImportAnswer } },
+    },
+    async (request) => ({
+      object: 'import' as const,
+      ...(await importRecords(request.em, request.caller.organizationId, request.body.records, { resubscribe: request.body.resubscribe ?? true, now: app.services.clock() })),
+    }),
   );
 
   app.get(

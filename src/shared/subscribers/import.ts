@@ -142,3 +142,34 @@ export async function importBatch(
     return { created, updated: upserted.length - created, merged };
   }, { asyncCommit: true });
 }
+
+/** What `importRecords` did with a batch of CSV records (`POST /subscribers/import`). */
+export interface RecordsResult extends BatchResult {
+  /** Records not imported, by their index in the batch, with why. */
+  skipped: Array<{ index: number; error: string }>;
+  /** What was left out of imported records (a tag or field name refused), by index. */
+  warnings: Array<{ index: number; warning: string }>;
+}
+
+/**
+ * A batch of CSV records (header names lower-cased, as `importCsvOptions` reads them), read
+ * by `parseImportRecord` and imported by `importBatch` in one transaction: the API's end of
+ * `subscribers import` run with a token.
+ */
+export async function importRecords(
+  em: EntityManager,
+  organizationId: string,
+  records: readonly Record<string, string>[],
+  options: { resubscribe: boolean; now: Date },
+): Promise<RecordsResult> {
+  const rows: ImportRow[] = [];
+  const skipped: RecordsResult['skipped'] = [];
+  const warnings: RecordsResult['warnings'] = [];
+  records.forEach((record, index) => {
+    const parsed = parseImportRecord(record);
+    if ('error' in parsed) return void skipped.push({ index, error: parsed.error });
+    for (const warning of parsed.warnings) warnings.push({ index, warning });
+    rows.push(parsed.row);
+  });
+  return { ...(await importBatch(em, organizationId, rows, options)), skipped, warnings };
+}
