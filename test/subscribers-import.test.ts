@@ -108,6 +108,27 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
     const tooMany = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/import', headers: bearer(org.token), payload: { records: Array.from({ length: 1_001 }, (_, i) => ({ email: `m${i}@example.com` })) } });
     expect(tooMany.statusCode).toBe(422);
     expect((await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/import', headers: bearer(org.token), payload: { records: [] } })).statusCode).toBe(422);
+    // Records are read as a CSV file is: names trimmed and lower-cased, cells trimmed; a name
+    // given twice that way, or no email, skips the record and says why.
+    const keyed = await ctx.app.inject({
+      method: 'POST',
+      url: '/api/v2/subscribers/import',
+      headers: bearer(org.token),
+      payload: { records: [{ ' Email ': ' Cap@Example.com ', Plan: ' gold ' }, { email: 'twice@example.com', EMAIL: 'other@example.com' }, { name: 'No Address' }] },
+    });
+    expect(keyed.json()).toMatchObject({
+      created: 1,
+      skipped: [
+        { index: 1, error: 'the column "email" appears twice' },
+        { index: 2, error: 'no email column' },
+      ],
+    });
+    expect((await get('cap@example.com')).json()).toMatchObject({ fields: [{ name: 'plan', value: 'gold' }] });
+    // The subscribers permission, as every subscriber write.
+    const narrow = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(org.token), payload: { name: 'mail only', permissions: ['emails'] } });
+    const refused = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/import', headers: bearer(narrow.json().token), payload: { records: [{ email: 'no@example.com' }] } });
+    expect(refused.statusCode).toBe(403);
+    expect(refused.json().name).toBe('missing_permission');
   });
 
   it('skips a row with more than 100 tags or 100 fields, as POST /subscribers refuses it', async () => {

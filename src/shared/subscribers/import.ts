@@ -20,6 +20,16 @@ export class CsvHeaderError extends Error {
   override name = 'CsvHeaderError';
 }
 
+/** A column's name as the import reads it, from a CSV header or an API record's key. */
+function columnName(name: string): string {
+  return name.trim().toLowerCase();
+}
+
+/** A name given twice among `names` (empty names aside). */
+function repeatedName(names: readonly string[]): string | undefined {
+  return names.find((name, i) => name !== '' && names.indexOf(name) !== i);
+}
+
 /**
  * How an import file is read, by the CLI (streamed) and the dashboard (an upload) alike
  * (csv-parse options): header names trimmed and lower-cased, a byte-order mark and empty
@@ -30,9 +40,9 @@ export function importCsvOptions(columns: (names: string[]) => string[] = (names
   return {
     bom: true,
     columns: (header: string[]) => {
-      const names = header.map((h) => h.trim().toLowerCase());
+      const names = header.map(columnName);
       // Two columns of one name: the parser would keep the last value of each row, and lose the other.
-      const twice = names.find((name, i) => name !== '' && names.indexOf(name) !== i);
+      const twice = repeatedName(names);
       if (twice !== undefined) throw new CsvHeaderError(`the column "${twice}" appears twice in the first line`);
       return columns(names);
     },
@@ -165,7 +175,13 @@ export async function importRecords(
   const rows: ImportRow[] = [];
   const skipped: RecordsResult['skipped'] = [];
   const warnings: RecordsResult['warnings'] = [];
-  records.forEach((record, index) => {
+  records.forEach((given, index) => {
+    // Read as the CSV reader reads a file: names trimmed and lower-cased, cells trimmed.
+    const names = Object.keys(given).map(columnName);
+    const twice = repeatedName(names);
+    if (twice !== undefined) return void skipped.push({ index, error: `the column "${twice}" appears twice` });
+    if (!names.includes('email')) return void skipped.push({ index, error: 'no email column' });
+    const record = Object.fromEntries(Object.entries(given).map(([name, value]) => [columnName(name), value.trim()]));
     const parsed = parseImportRecord(record);
     if ('error' in parsed) return void skipped.push({ index, error: parsed.error });
     for (const warning of parsed.warnings) warnings.push({ index, warning });
