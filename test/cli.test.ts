@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { createServer } from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { access, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -209,6 +210,41 @@ describe('migrate', () => {
       } finally {
         await dropDatabase(name);
       }
+    }
+  });
+});
+
+describe('user commands against a rate-limited API (src/cli/api-client.ts)', () => {
+  it('wait out a 429 for its Retry-After and go on; after five 429s they stop and say so', async () => {
+    let calls = 0;
+    let limitedFor = 1;
+    const api = createServer((request, response) => {
+      calls++;
+      if (calls <= limitedFor) {
+        response.writeHead(429, { 'content-type': 'application/json', 'retry-after': '1' });
+        return response.end(JSON.stringify({ name: 'rate_limit_exceeded', message: 'Too many requests', statusCode: 429 }));
+      }
+      response.writeHead(200, { 'content-type': 'application/json' });
+      response.end(JSON.stringify({ email: 'jane@example.com', result: 'deliverable' }));
+    });
+    await new Promise<void>((resolve) => api.listen(0, '127.0.0.1', resolve));
+    const env = { ...ctx.env.env, MAILROOM_URL: `http://127.0.0.1:${(api.address() as { port: number }).port}`, MAILROOM_TOKEN: `svc_${'1'.repeat(64)}` };
+    try {
+      const started = Date.now();
+      const once = await runCli(['verify', 'jane@example.com', '--json'], env);
+      expect(once.code, once.stderr).toBe(0);
+      expect(JSON.parse(once.stdout)).toMatchObject({ result: 'deliverable' });
+      expect(calls).toBe(2);
+      expect(Date.now() - started).toBeGreaterThanOrEqual(1_000);
+
+      calls = 0;
+      limitedFor = Infinity;
+      const always = await runCli(['verify', 'jane@example.com'], env);
+      expect(always.code).toBe(1);
+      expect(always.stderr).toContain('rate_limit_exceeded');
+      expect(calls).toBe(5);
+    } finally {
+      await new Promise((resolve) => api.close(resolve));
     }
   });
 });
