@@ -136,11 +136,14 @@ export async function selectActiveCampaigns(em: Execute): Promise<{ id: string; 
 }
 
 /**
- * Deletes a campaign: locks its row (a fan-out page commits its cursor under this lock, so
- * no page is written after), fails its emails still queued, deletes it. Run in a transaction.
+ * Deletes a campaign of the organization: locks its row (a fan-out page commits its cursor
+ * under this lock, so no page is written after), fails its emails still queued, deletes it.
+ * Run in a transaction. Answers the status it had, or nothing when there is no such campaign
+ * (any more: a second delete at the same time waits for the first, then finds none).
  */
-export async function deleteCampaignRows(tx: Execute, id: string): Promise<void> {
-  await tx.execute(`select id from campaigns where id = ? for update`, [id], 'all');
+export async function deleteCampaignRows(tx: Execute, organizationId: string, id: string): Promise<CampaignStatus | undefined> {
+  const [row] = await tx.execute<{ status: CampaignStatus }[]>(`select status from campaigns where id = ? and organization_id = ? for update`, [id, organizationId], 'all');
+  if (!row) return undefined;
   await tx.execute(
     `update emails set status = 'failed', failure_reason = 'campaign deleted', updated_at = now()
        where campaign_id = ? and source = 'campaign' and status = 'queued'`,
@@ -148,6 +151,7 @@ export async function deleteCampaignRows(tx: Execute, id: string): Promise<void>
     'run',
   );
   await tx.execute(`delete from campaigns where id = ?`, [id], 'run');
+  return row.status;
 }
 
 export async function selectSender(em: Execute, senderId: string, organizationId: string): Promise<{ name: string; email: string } | undefined> {

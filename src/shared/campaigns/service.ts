@@ -185,13 +185,10 @@ async function patchLockedCampaign(em: EntityManager, organizationId: string, id
 
 /** docs/campaigns.md "API decisions": a SCHEDULED campaign's send is cancelled; a SENDING one stops. */
 export async function deleteCampaign(em: EntityManager, deps: { producer: QueueProducer; logger?: Logger }, organizationId: string, id: string): Promise<{ status: CampaignStatus }> {
-  const campaign = await findCampaign(em, organizationId, id);
-  const status = campaign.status;
-  await em.transactional(async (tx) => {
-    // Lock the row: a fan-out page commits its cursor under this lock, so after the delete
-    // no further page is written; emails still queued are failed and never handed over.
-    await deleteCampaignRows(tx, id);
-  });
+  // The row is locked: after the delete no further fan-out page is written, and emails still
+  // queued are failed and never handed over.
+  const status = await em.transactional((tx) => deleteCampaignRows(tx, organizationId, id));
+  if (!status) throw new NotFoundError(`No campaign ${id}`);
   if (status === 'SCHEDULED' || status === 'SENDING') {
     try {
       // A waiting or delayed job goes; an active one finds the row gone at its next page.

@@ -1,5 +1,5 @@
 import { UniqueConstraintViolationException } from '@mikro-orm/core';
-import type { EntityManager } from '@mikro-orm/postgresql';
+import { LockMode, type EntityManager } from '@mikro-orm/postgresql';
 import { Domain, Sender } from '../db/entities/index.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
@@ -41,19 +41,23 @@ export async function createSender(
     const message = `must be an address at ${within.domain} (add a sender of another domain on that domain's page)`;
     throw new ValidationError(`email: ${message}`, [{ path: 'email', message }]);
   }
-  const domain = within ?? (await em.findOne(Domain, { organizationId, domain: parsed.domain }, { fields: ['id'] }));
-  if (!domain) {
-    throw new ValidationError(`email: ${parsed.domain} is not a domain of this organization; add it with POST /api/v2/domains first`, [
+  const notADomain = () =>
+    new ValidationError(`email: ${parsed.domain} is not a domain of this organization; add it with POST /api/v2/domains first`, [
       { path: 'email', message: `domain ${parsed.domain} is not a domain of this organization` },
     ]);
-  }
+  const domain = within ?? (await em.findOne(Domain, { organizationId, domain: parsed.domain }, { fields: ['id'] }));
+  if (!domain) throw notADomain();
   const duplicate = () =>
     new ValidationError(`email: a sender with the address ${parsed.email} already exists`, [{ path: 'email', message: 'already exists' }]);
   if (await em.count(Sender, { organizationId, email: parsed.email })) throw duplicate();
   try {
-    return await em.transactional(async (tx) =>
-      tx.create(Sender, { id: newId('snd'), organizationId, domainId: domain.id, name: input.name, email: parsed.email, createdAt: now }),
-    );
+    return await em.transactional(async (tx) => {
+      // The domain is locked for the insert: a delete of it at the same time either waits and
+      // takes the new sender with it, or went first and this answers as if it were never there
+      // (the foreign key is checked at commit, too late for a clear error).
+      if (!(await tx.findOne(Domain, { id: domain.id, organizationId }, { fields: ['id'], lockMode: LockMode.PESSIMISTIC_READ }))) throw notADomain();
+      return tx.create(Sender, { id: newId('snd'), organizationId, domainId: domain.id, name: input.name, email: parsed.email, createdAt: now });
+    });
   } catch (error) {
     if (error instanceof UniqueConstraintViolationException) throw duplicate();
     throw error;

@@ -188,7 +188,9 @@ export async function deleteDomain(em: EntityManager, organizationId: string, id
     const domain = await findDomain(tx, organizationId, idOrHostname);
     // Senders on the domain go with it (foreign key on delete cascade).
     await tx.nativeDelete(Sender, { domainId: domain.id });
-    tx.remove(domain);
+    // A delete of the same domain at the same time deleted it first: this one waited for it
+    // and deletes nothing, so it answers 404 as any later delete does.
+    if ((await tx.nativeDelete(Domain, { id: domain.id, organizationId })) === 0) throw new NotFoundError(`Domain ${idOrHostname} not found`);
     return domain;
   });
 }

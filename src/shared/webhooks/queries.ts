@@ -36,6 +36,12 @@ export interface MessageRow {
 
 type Db = Pick<EntityManager, 'execute'>;
 
+// Every insert of messages locks the endpoints it writes for (the lock its foreign key check takes
+// anyway, taken while reading them): an endpoint deleted at the same time is then skipped
+// once the delete commits, where the check would fail the caller's whole transaction (a
+// subscriber's write, a send's write-back) for an endpoint it never named.
+const LOCK_ENDPOINTS = 'for key share of w';
+
 // ---------------------------------------------------------------- endpoints
 
 export async function insertEndpoint(
@@ -147,15 +153,19 @@ export async function retryMessage(em: Db, endpointId: string, messageId: string
   return row;
 }
 
-/** `POST …/test`: a `webhook.test` message for this endpoint alone. */
-export async function insertTestMessage(em: Db, endpoint: EndpointRow, id: string, payload: unknown): Promise<MessageRow> {
+/**
+ * `POST …/test`: a `webhook.test` message for this endpoint alone; nothing when the endpoint
+ * is gone (deleted meanwhile: the lock waits for the delete, then finds no row).
+ */
+export async function insertTestMessage(em: Db, endpoint: EndpointRow, id: string, payload: unknown): Promise<MessageRow | undefined> {
   const [row] = await em.execute<MessageRow[]>(
     `insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
-     values (?, ?, ?, 'webhook.test', ?::jsonb, now()) returning *`,
-    [id, endpoint.id, endpoint.organization_id, JSON.stringify(payload)],
+     select ?, w.id, w.organization_id, 'webhook.test', ?::jsonb, now() from webhook_endpoints w where w.id = ?
+     ${LOCK_ENDPOINTS} returning *`,
+    [id, JSON.stringify(payload), endpoint.id],
     'all',
   );
-  return row!;
+  return row;
 }
 
 // ---------------------------------------------------------------- the worker
@@ -294,7 +304,8 @@ const INSERT_ONE = `
   insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
   select webhook_message_id(), w.id, w.organization_id, ?::text,
     jsonb_build_object('type', ?::text, 'created_at', ${NOW_ISO}, 'data', ?::jsonb), now()
-  from webhook_endpoints w where w.organization_id = ? and ${SUBSCRIBED('?::text')}`;
+  from webhook_endpoints w where w.organization_id = ? and ${SUBSCRIBED('?::text')}
+  ${LOCK_ENDPOINTS}`;
 
 /**
  * Records one event for every enabled endpoint of the organization subscribed to its type,
@@ -326,14 +337,16 @@ export const emailEventColumns = (alias: string) =>
 /**
  * The outbox insert of email events: one row for each email of `source` (a FROM clause that
  * names the emails `e`) and each enabled endpoint subscribed to `type` (an SQL expression),
- * `extra` added to `data`.
+ * `extra` added to `data`, the emails filtered by `where` (a WHERE clause, or nothing).
  */
-const emailEventsInsert = (source: string, type: string, extra = '') => `
+const emailEventsInsert = (source: string, type: string, extra = '', where = '') => `
   insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
   select webhook_message_id(), w.id, e.organization_id, ${type},
     jsonb_build_object('type', ${type}, 'created_at', ${NOW_ISO}, 'data', ${EMAIL_DATA}${extra}), now()
   ${source}
-  join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED(type)}`;
+  join webhook_endpoints w on w.organization_id = e.organization_id and ${SUBSCRIBED(type)}
+  ${where}
+  ${LOCK_ENDPOINTS}`;
 
 // Bound: the type (three times) and the emails with their `extra`, as jsonb.
 const INSERT_EMAILS = emailEventsInsert(`from jsonb_to_recordset(?::jsonb) as v(id text, extra jsonb) join emails e on e.id = v.id`, '?::text', ` || coalesce(v.extra, '{}'::jsonb)`);
@@ -359,11 +372,12 @@ export async function recordEmailEvents(db: OutboxDb, type: WebhookEventType, it
 // Rows the send path's write-back just set (its `sent_at = now()` is this transaction's
 // time, stored to the millisecond, which no earlier write can have): `email.sent`, and `email.delivered` too when the
 // transport reported delivery at once (the file transport).
-const INSERT_SENT =
-  emailEventsInsert(
-    `from emails e cross join lateral (select 'email.sent'::text as type union all select 'email.delivered' where e.delivery_status = 'delivered') t`,
-    't.type',
-  ) + ` where e.id = any(array(select jsonb_array_elements_text(?::jsonb))) and e.status = 'sent' and e.sent_at = now()::timestamptz(3)`;
+const INSERT_SENT = emailEventsInsert(
+  `from emails e cross join lateral (select 'email.sent'::text as type union all select 'email.delivered' where e.delivery_status = 'delivered') t`,
+  't.type',
+  '',
+  `where e.id = any(array(select jsonb_array_elements_text(?::jsonb))) and e.status = 'sent' and e.sent_at = now()::timestamptz(3)`,
+);
 
 /**
  * `email.sent` (and `email.delivered`) for the emails of one group-committed write-back,
@@ -393,7 +407,8 @@ const INSERT_CONTACTS = `
   select webhook_message_id(), w.id, w.organization_id, ?::text,
     jsonb_build_object('type', ?::text, 'created_at', ${NOW_ISO}, 'data', v.data), now()
   from jsonb_to_recordset(?::jsonb) as v(organization_id text, data jsonb)
-  join webhook_endpoints w on w.organization_id = v.organization_id and ${SUBSCRIBED('?::text')}`;
+  join webhook_endpoints w on w.organization_id = v.organization_id and ${SUBSCRIBED('?::text')}
+  ${LOCK_ENDPOINTS}`;
 
 /** One contact event for each of many subscribers (the delivery-feedback recorder's batches): one statement. */
 export async function recordContactEvents(db: OutboxDb, type: ContactEventType, subscribers: readonly SubscriberRecord[]): Promise<void> {
@@ -445,7 +460,8 @@ const INSERT_CAMPAIGN = `
       'campaign_id', c.id, 'name', c.name, 'subject', c.subject, 'recipient_count', c.recipient_count,
       'emails_sent_count', c.emails_sent_count, 'finished_at', ${ISO('c.finished_at')})), now()
   from campaigns c join webhook_endpoints w on w.organization_id = c.organization_id and ${SUBSCRIBED(`'campaign.sent'`)}
-  where c.id = ?`;
+  where c.id = ?
+  ${LOCK_ENDPOINTS}`;
 
 /** `campaign.sent`, in the transaction that moves the campaign to SENT. */
 export async function recordCampaignSent(db: OutboxDb, campaignId: string): Promise<void> {
