@@ -137,6 +137,30 @@ describe('delivery over SMTP', () => {
   });
 
   it.each([
+    ['a 5xx', 550, 'No such user here'],
+    ['a 4xx', 452, 'Mailbox full, try later'],
+  ])('fails the email, not retried, when the relay refuses the to with %s and takes a copy', async (_label, code, message) => {
+    sink.answer = (rcpt) => (rcpt === `refused-${code}@example.com` ? { code, message } : undefined);
+    const id = (await send({ from: 'a@acme.test', to: `Refused <refused-${code}@example.com>`, cc: `copy-${code}@example.com`, subject: 'x', html: '<p>b</p>' })).json().id;
+    const email = await until(() => getEmail(id), (e) => e.last_event !== 'queued');
+    expect(email.last_event).toBe('failed');
+    const [row] = await ctx.services.orm.em.fork().execute<{ failure_reason: string; attempts: number }[]>('select failure_reason, attempts from emails where id = ?', [id]);
+    expect(row!.failure_reason).toMatch(new RegExp(`${code} ${message}`));
+    expect(row!.attempts).toBe(1);
+    // The copy has it, once.
+    const envelopes = sink.messages.flatMap((m, i) => (m.messageId === `<${id}@acme.test>` ? [sink.envelopes[i]] : []));
+    expect(envelopes).toEqual([[`copy-${code}@example.com`]]);
+  });
+
+  it('stays sent when the relay refuses only a copy', async () => {
+    sink.answer = (rcpt) => (rcpt === 'refused-copy@example.com' ? { code: 550, message: 'No such user here' } : undefined);
+    const id = (await send({ from: 'a@acme.test', to: 'kept@example.com', bcc: 'refused-copy@example.com', subject: 'x', html: '<p>b</p>' })).json().id;
+    const email = await until(() => getEmail(id), (e) => e.last_event !== 'queued');
+    expect(email.last_event).toBe('sent');
+    expect(received(`${id}@acme.test`)).toHaveLength(1);
+  });
+
+  it.each([
     ['a throttle answer (421)', 421, 'Too many messages, slow down', true],
     ['a throttle answer (450)', 450, 'Rate limited', true],
     ['another transient answer (432)', 432, 'Temporary trouble', false],

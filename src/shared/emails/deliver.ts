@@ -6,10 +6,10 @@ import { FenceLostError, type HandoverFence } from './handover.js';
 import type { Logger } from '../logger.js';
 import type { LinkSigner } from '../crypto.js';
 import { personalizeCampaignEmail } from '../campaigns/personalize.js';
-import { mailboxDomain } from './addresses.js';
+import { mailboxDomain, parseMailbox } from './addresses.js';
 import { relayMessageId } from '../providers/relay-id.js';
 import { renderEmail, type Rendered, type RenderInput } from './render.js';
-import { classifySendError, type MailTransport } from './transport.js';
+import { classifySendError, type MailTransport, type SendResult } from './transport.js';
 import { loadSubmittedParts } from '../submission/queries.js';
 import type { SendGate } from '../outcomes/send-gate.js';
 import {
@@ -261,10 +261,11 @@ export async function deliverEmail(
   let acceptance: Promise<unknown> | undefined;
   let delivered: boolean;
   let response: string | undefined;
+  let refused: SendResult['refused'];
   try {
     // Read inside the try: a failed read releases the claim and retries like a failed send.
     const submitted = row.content_kind === 'message' ? await store.submitted(row.id) : undefined;
-    ({ delivered, response } = await transport.send({
+    ({ delivered, response, refused } = await transport.send({
       id: row.id,
       organizationId: row.organization_id,
       from: row.from_address,
@@ -351,6 +352,21 @@ export async function deliverEmail(
   }
 
   await (acceptance ?? fence?.accepted(emailId, messageId))?.catch((error: unknown) => options.log?.warn({ err: error, emailId }, 'could not record the acceptance in the fence'));
+  if (refused) {
+    const to = (parseMailbox(row.to_address)?.address ?? row.to_address).toLowerCase();
+    const refusedTo = refused.find((r) => r.address.toLowerCase() === to);
+    if (refusedTo) {
+      // The relay took the message for the copies and refused the `to`: the email reads as its
+      // message to the `to` did (docs/emails.md "Delivery, retries, exactly once"), failed with
+      // the relay's answer, as when the `to` alone is refused. Never retried, even after a 4xx:
+      // the copies have it already.
+      await store.fail(emailId, refusedTo.reason, storedMessage(row, rendered));
+      void fence?.clear([emailId]).catch(() => {});
+      options.log?.warn({ emailId, refused }, 'the relay refused the recipient and took the copies');
+      return { outcome: 'failed', reason: refusedTo.reason };
+    }
+    options.log?.warn({ emailId, refused }, 'the relay refused copies of the email');
+  }
   await recordSentWithRetries(store, { ...sentRecord(emailId, messageId, row, rendered, delivered), provider_message_id: relayMessageId(response) }, options);
   return { outcome: delivered ? 'delivered' : 'sent', messageId };
 }

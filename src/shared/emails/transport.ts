@@ -58,6 +58,11 @@ export interface SendResult {
   /** True when the transport itself is the final destination (file): the email reads `delivered`. */
   delivered: boolean;
   response?: string;
+  /**
+   * Recipients the relay refused (at RCPT) while it took the message for the others: their
+   * envelope addresses and the relay's answer to each.
+   */
+  refused?: { address: string; reason: string }[];
 }
 
 /**
@@ -217,7 +222,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
           return hook ? holdEnd(stream, hook, onCommit) : stream;
         },
       };
-      const info = await new Promise<{ response?: string }>((resolve, reject) => {
+      const info = await new Promise<SentInfo>((resolve, reject) => {
         const queued = pool.send({ data: {}, message: node }, (error, sent) => {
           if (error) return reject(error);
           // In the turn that read the relay's answer: nothing runs before the record is sent.
@@ -226,7 +231,7 @@ export function createMailTransport(config: Config['mail'], options: MailTranspo
         });
         if (!queued) reject(Object.assign(new Error('the SMTP pool is closed'), { code: 'ECONNECTION' }));
       });
-      return { delivered: false, response: info.response };
+      return { delivered: false, response: info.response, ...(info.rejected?.length ? { refused: refusedOf(info) } : {}) };
     },
     setDkimResolver(resolver) {
       dkim = resolver;
@@ -244,11 +249,29 @@ export function withoutSkipped<E extends { to: string[] }>(envelope: E, skip: re
 }
 
 /**
+ * What nodemailer's SMTP connection answers for a message the relay took
+ * (smtp-connection/index.js): the recipients it refused, with an error each (`recipient`,
+ * `response`), when it took the message for others.
+ */
+interface SentInfo {
+  response?: string;
+  rejected?: string[];
+  rejectedErrors?: { recipient?: string; response?: string; message?: string }[];
+}
+
+function refusedOf(info: SentInfo): NonNullable<SendResult['refused']> {
+  return (info.rejected ?? []).map((address) => {
+    const error = info.rejectedErrors?.find((e) => e.recipient === address);
+    return { address, reason: (error?.response ?? error?.message ?? 'refused by the relay').slice(0, 1000) };
+  });
+}
+
+/**
  * nodemailer's SMTPPool as a transport: `send` takes the message node (envelope, Message-ID,
  * stream) and answers false once the pool is closed (its typings say void).
  */
 interface SmtpPool {
-  send(mail: { data: object; message: unknown }, callback: (error: Error | null, info?: { response?: string }) => void): boolean;
+  send(mail: { data: object; message: unknown }, callback: (error: Error | null, info?: SentInfo) => void): boolean;
   close(): void;
 }
 
