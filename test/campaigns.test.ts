@@ -612,6 +612,8 @@ describe('fan-out edge cases', () => {
     expect((await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json().status).toBe('SENDING');
     await api('POST', `/subscribers/${subs[1].id}/unsubscribe`, {}, o.token);
     await fanOnly.close();
+    const unsubscribedFailures = async () => (await ctx.services.metrics.emailsFailed.get()).values.find((v) => v.labels.reason === 'unsubscribed')?.value ?? 0;
+    const before = await unsubscribedFailures();
     await startAllWorkers();
     const done = await waitFor(async () => {
       const got = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
@@ -621,6 +623,8 @@ describe('fan-out edge cases', () => {
     const rows = await sql<{ to_address: string; status: string }>('select to_address, status from emails where campaign_id = ? order by to_address', [c.id]);
     expect(rows.map((r) => r.status)).toEqual(['sent', 'failed', 'sent', 'sent']);
     expect(sink.messages.some((m) => JSON.stringify(m.to).includes('x2@edge.test'))).toBe(false);
+    // Counted where operators look (docs/operations.md): the worker gave the email up.
+    expect(await unsubscribedFailures()).toBe(before + 1);
   });
 
   it('deleting a SENDING campaign stops the rest', async () => {

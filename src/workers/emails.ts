@@ -1,5 +1,5 @@
 import { DelayedError } from 'bullmq';
-import { deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON, UNCERTAIN_REASON } from '../shared/emails/deliver.js';
+import { deliverEmail, type DeliverOutcome, failInterruptedEmails, queuedEmailsPage, RetryLaterError, SUPPRESSED_REASON, UNCERTAIN_REASON, UNSUBSCRIBED_REASON } from '../shared/emails/deliver.js';
 import { emailIdsByQueue, purgeIdempotencyKeys, SEND_BATCH_PRIORITY, sendJob, type EmailQueueName } from '../shared/emails/service.js';
 import { defineProcessor, type JobContext, type QueueProcessor } from './runner.js';
 
@@ -81,6 +81,8 @@ function recordOutcome(ctx: JobContext, result: DeliverOutcome, finalAttempt: bo
 
 function failureCode(reason: string, finalAttempt: boolean): string {
   if (reason.startsWith('rendering failed')) return 'rendering';
+  // A campaign email whose contact unsubscribed (or was deleted) since the fan-out.
+  if (reason === UNSUBSCRIBED_REASON) return 'unsubscribed';
   // The final `.` went out and no answer came back (deliver.ts): docs/operations.md's `interrupted`.
   if (reason.startsWith(UNCERTAIN_REASON)) return 'interrupted';
   return finalAttempt ? 'attempts_exhausted' : 'rejected';
@@ -98,7 +100,10 @@ async function send(payload: { emailId: string; throttled?: number }, ctx: JobCo
         return ctx.log;
       },
     });
-    if (result.outcome === 'failed' && result.reason !== SUPPRESSED_REASON) ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
+    // Suppressed and unsubscribed recipients are the audience's doing, not a delivery problem.
+    if (result.outcome === 'failed' && result.reason !== SUPPRESSED_REASON && result.reason !== UNSUBSCRIBED_REASON) {
+      ctx.log.warn({ emailId: payload.emailId, reason: result.reason }, 'email failed');
+    }
     recordOutcome(ctx, result, finalAttempt);
     return result;
   } catch (error) {

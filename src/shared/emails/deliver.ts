@@ -25,6 +25,7 @@ import {
   staleClaims,
   SUPPRESSED_REASON,
   UNCERTAIN_REASON,
+  UNSUBSCRIBED_REASON,
   type ClaimedRow,
   type SentRecord,
 } from './queries.js';
@@ -192,8 +193,9 @@ export async function deliverEmail(
 ): Promise<DeliverOutcome> {
   const claim = await store.claim(emailId);
   if (claim && 'failed' in claim) {
-    if (claim.failed !== SUPPRESSED_REASON) return { outcome: 'skipped', status: 'failed' };
-    store.gate?.suppressed();
+    // Failed by the claim (queries.ts): suppressed (counted by the send gate), or a campaign
+    // email whose contact is no longer subscribed.
+    if (claim.failed === SUPPRESSED_REASON) store.gate?.suppressed();
     return { outcome: 'failed', reason: claim.failed };
   }
   let row = claim?.row;
@@ -446,4 +448,4 @@ export async function failInterruptedEmails(
   return { failed, takeOver };
 }
 
-export { queuedEmailsPage, SUPPRESSED_REASON, UNCERTAIN_REASON };
+export { queuedEmailsPage, SUPPRESSED_REASON, UNCERTAIN_REASON, UNSUBSCRIBED_REASON };

@@ -215,7 +215,7 @@ export const SUPPRESSED_REASON = 'suppressed';
  * Never retried, so that it is never sent twice; an operator can list them by this reason.
  */
 export const UNCERTAIN_REASON = 'uncertain: handed to the provider but its answer was never read; not retried so that it is never sent twice';
-const UNSUBSCRIBED_REASON = 'recipient no longer subscribed';
+export const UNSUBSCRIBED_REASON = 'recipient no longer subscribed';
 export const INTERRUPTED_REASON = 'interrupted while being handed to the provider; not retried so that it is never sent twice';
 
 export interface ClaimedRow extends CampaignEmailParts {
