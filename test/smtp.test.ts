@@ -595,4 +595,32 @@ describe('a revoked token (docs/foundation.md "Authentication and rate limiting"
     }
     expect(reply).toMatch(/^535 5\.7\.8 /);
   });
+
+  it('stores nothing of a message whose token is revoked while its DATA is under way', async () => {
+    const created = (await api('POST', '/tokens', { name: 'smtp mid-data', permissions: ['emails'] })).json();
+    const dialog = await openDialog(listener.port);
+    await dialog.send('EHLO client.test');
+    expect(await dialog.auth(created.token)).toMatch(/^235 /);
+    expect(await dialog.send('MAIL FROM:<app@acme.test>')).toMatch(/^250 /);
+    expect(await dialog.send('RCPT TO:<mid-data@example.com>')).toMatch(/^250 /);
+    expect(await dialog.send('DATA')).toMatch(/^354 /);
+    dialog.write('From: app@acme.test\r\nTo: mid-data@example.com\r\nSubject: Revoked mid-data\r\n\r\nbody\r\n');
+    expect((await ctx.app.inject({ method: 'DELETE', url: `/api/v2/tokens/${created.id}`, headers: bearer(token) })).statusCode).toBe(200);
+    // Until another session's AUTH is refused: the revocation has reached the listener.
+    await until(
+      async () => {
+        const probe = await openDialog(listener.port);
+        await probe.send('EHLO client.test');
+        const answer = await probe.auth(created.token);
+        probe.close();
+        return answer;
+      },
+      (answer) => answer.startsWith('535'),
+    );
+    dialog.write('.\r\n');
+    expect(await dialog.reply()).toMatch(/^535 5\.7\.8 /);
+    dialog.close();
+    const stored = await ctx.services.orm.em.fork().execute(`select id from emails where subject = 'Revoked mid-data'`, [], 'all');
+    expect(stored).toEqual([]);
+  });
 });

@@ -1,5 +1,5 @@
 import type { AddressInfo } from 'node:net';
-import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions, type SMTPServerSession } from 'smtp-server';
+import { SMTPServer, type SMTPServerDataStream, type SMTPServerOptions } from 'smtp-server';
 import { callerForSecret } from '../api/plugins/auth.js';
 import type { Services } from '../shared/container.js';
 import { sendingPolicyRefusals } from '../shared/domains/sending-policy.js';
@@ -33,11 +33,6 @@ const CLOSE_TIMEOUT_MS = 10_000;
 interface SessionUser {
   caller: Caller;
   secret: string;
-}
-
-/** The authenticated token of a session (set by onAuth). */
-function callerOf(session: SMTPServerSession): Caller {
-  return (session.user as SessionUser).caller;
 }
 
 function asReply(error: unknown, services: Services, what: string): Error {
@@ -171,12 +166,16 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     },
 
     onData(stream, session, callback) {
-      const caller = callerOf(session);
+      const { secret } = session.user as SessionUser;
       const envelopeTo = session.envelope.rcptTo.map((r) => r.address);
       readData(stream)
         .then(async (raw) => {
           if (raw === undefined) throw replies.malformed('Connection closed before the end of the message');
           if (stream.sizeExceeded) throw replies.tooBig(max);
+          // Looked up again at the end of DATA (the cache, no query): a token revoked while the
+          // message was under way stores nothing (contract 16: refused within 2 seconds).
+          const caller = await sender(secret);
+          if (!caller) throw replies.badCredentials();
           const message = await readSubmittedMessage(raw, envelopeTo);
           const em = services.orm.em.fork();
           // The API's one sending policy (docs/security.md "The sending policy"; no query unless
