@@ -137,7 +137,9 @@ async function saveTemplate(em: EntityManager, campaign: CampaignRow): Promise<b
  * nothing), read the next page of recipients after `cursor`, insert their rows, and move
  * the cursor to the page's last subscriber id. The email ids are made here (sortable, like
  * every id) and matched to the page's rows by position. Null when the campaign is gone or
- * not SENDING.
+ * not SENDING. A tag renamed since the campaign was read renamed it in its filters too (in
+ * the rename's transaction): the page is then written again with the filters as they are
+ * now, so that a filter keeps meaning the same contacts (docs/campaigns.md).
  */
 async function writePage(
   em: EntityManager,
@@ -147,18 +149,25 @@ async function writePage(
   cursor: string | null,
 ): Promise<{ last: string | null; read: number; inserted: string[] } | null> {
   const ids = Array.from({ length: deps.pageSize }, () => newId('eml'));
-  const page = await writeFanOutPage(em, {
-    campaignId: campaign.id,
-    organizationId: campaign.organization_id,
-    filters: campaign.recipient_filters,
-    cursor,
-    pageSize: deps.pageSize,
-    from: common.from,
-    replyTo: common.replyTo,
-    subject: campaign.subject,
-    ids,
-  });
-  return page.live === 0 ? null : page;
+  for (let attempt = 1; ; attempt++) {
+    const page = await writeFanOutPage(em, {
+      campaignId: campaign.id,
+      organizationId: campaign.organization_id,
+      filters: campaign.recipient_filters,
+      cursor,
+      pageSize: deps.pageSize,
+      from: common.from,
+      replyTo: common.replyTo,
+      subject: campaign.subject,
+      ids,
+    });
+    if (page.live > 0) return page;
+    const now = await loadCampaign(em, campaign.id);
+    if (!now || now.status !== 'SENDING') return null;
+    // Renamed again meanwhile, page after page: the job fails and is retried (it resumes).
+    if (attempt === 5) throw new Error(`campaign ${campaign.id}: its filters keep changing under the fan-out`);
+    campaign.recipient_filters = now.recipient_filters;
+  }
 }
 
 /**

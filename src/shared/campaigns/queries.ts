@@ -201,6 +201,8 @@ export interface FanOutPage {
 /**
  * One page, ONE statement (fanout.ts explains why): the next `pageSize` recipients after
  * `cursor`, their email rows (ids from `ids`, by position) and the campaign's cursor moved.
+ * Nothing is written (`live` 0) unless the campaign is SENDING with exactly `filters`: a tag
+ * renamed since they were read renamed it in the campaign's filters too.
  */
 export async function writeFanOutPage(
   em: EntityManager,
@@ -219,7 +221,7 @@ export async function writeFanOutPage(
   const where = recipientWhere(page.organizationId, page.filters);
   // Bound parameters (MikroORM's execute() would inline the ids into the SQL).
   const [result] = await sqlOf(em).query<FanOutPage>(
-    `with live as (select id from campaigns where id = ? and status = 'SENDING' for update),
+    `with live as (select id from campaigns where id = ? and status = 'SENDING' and recipient_filters = ?::jsonb for update),
      page as (
        select s.id, s.email, row_number() over (order by s.id) as n
        from (select s.id, s.email from subscribers s
@@ -240,6 +242,7 @@ export async function writeFanOutPage(
             coalesce((select array_agg(id) from inserted), '{}') as inserted`,
     [
       page.campaignId,
+      JSON.stringify(page.filters),
       ...where.params,
       page.cursor ?? '',
       page.pageSize,
