@@ -627,6 +627,35 @@ describe('fan-out edge cases', () => {
     expect(await unsubscribedFailures()).toBe(before + 1);
   });
 
+  it('sends nothing to an address its contact left after the fan-out, even when another contact took it', async () => {
+    const o = await createOrg(ctx.services, { name: 'Moves' });
+    const sid = await createSenderRow(ctx.services, o.organizationId, 'moves@moves.test');
+    await workers?.close();
+    workers = undefined;
+    const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
+    const subs = [];
+    for (const e of ['m1', 'm2']) subs.push((await api('POST', '/subscribers', { email: `${e}@moves.test` }, o.token)).json());
+    const c = (await api('POST', '/campaigns', { name: 'moves', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
+    await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    // m1 moves away; a new contact, never in the campaign's audience at its fan-out, takes the address.
+    expect((await api('PATCH', `/subscribers/${subs[0].id}`, { email: 'm1-new@moves.test' }, o.token)).statusCode).toBe(200);
+    expect((await api('POST', '/subscribers', { email: 'm1@moves.test' }, o.token)).statusCode).toBe(200);
+    await fanOnly.close();
+    await startAllWorkers();
+    const done = await waitFor(async () => {
+      const got = (await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json();
+      return got.status === 'SENT' && got;
+    });
+    expect(done.emailsSentCount).toBe(1);
+    const rows = await sql<{ to_address: string; status: string; failure_reason: string | null }>('select to_address, status, failure_reason from emails where campaign_id = ? order by to_address', [c.id]);
+    expect(rows).toEqual([
+      { to_address: 'm1@moves.test', status: 'failed', failure_reason: 'recipient no longer subscribed' },
+      { to_address: 'm2@moves.test', status: 'sent', failure_reason: null },
+    ]);
+    expect(sink.messages.some((m) => JSON.stringify(m.to).includes('m1@moves.test'))).toBe(false);
+  });
+
   it('deleting a SENDING campaign stops the rest', async () => {
     const o = await createOrg(ctx.services, { name: 'Stop' });
     const sid = await createSenderRow(ctx.services, o.organizationId, 'stop@stop.test');

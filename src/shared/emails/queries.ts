@@ -289,7 +289,8 @@ const SKIPPED_RECIPIENTS = `(
  * The claim of a batch: queued -> sending, returning each row with what sending it needs.
  * The send gate of outcomes is applied here, in the same statement: an email whose
  * recipients (`to`, `cc`, `bcc`) are all suppressed in its organization, or a campaign email
- * whose contact unsubscribed (or was deleted) since the fan-out, is failed instead of
+ * whose contact unsubscribed, was deleted or moved to another address since the fan-out (the
+ * row's address may now be another contact's, or no one's), is failed instead of
  * claimed, so it is never sent; the suppressed copies of the others are returned (left out of
  * the envelope) with the organization's tracking settings.
  */
@@ -297,7 +298,8 @@ const CLAIM_SQL = `
   with r as (
     select e.id, ${TO_SUPPRESSED} as to_suppressed, email_bare_address(e.to_address) as to_bare,
       case when e.cc is null and e.bcc is null then null else ${COPIES} end as copies,
-      (e.source = 'campaign' and not exists (select 1 from subscribers s where s.id = e.subscriber_id and s.status = 'SUBSCRIBED')) as unsubscribed
+      (e.source = 'campaign' and not exists (
+        select 1 from subscribers s where s.id = e.subscriber_id and s.status = 'SUBSCRIBED' and s.email = email_bare_address(e.to_address))) as unsubscribed
     from emails e where e.id = any(?::text[]) and e.status = 'queued'),
   c as (
     select r.*, (r.to_suppressed and coalesce((r.copies ->> 'live')::int, 0) = 0) as suppressed,
