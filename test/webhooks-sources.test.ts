@@ -1,3 +1,4 @@
+import pg from 'pg';
 import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { completeCampaign } from '../src/shared/campaigns/fanout.js';
@@ -134,6 +135,38 @@ describe('event sources', () => {
     const failed = await eventFor('domain.failed', (d) => d.id === other.id);
     expect(failed.data).toMatchObject({ domain: 'never.example', status: 'FAILED' });
     expect(events('domain.verified').filter((e) => e.data.id === other.id)).toHaveLength(0);
+  });
+
+  it('domain.verified once for checks of one domain at once, and none for a domain deleted during its check', async () => {
+    const outbox = async (domainId: string) =>
+      (await ctx.services.orm.em.fork().execute<{ n: number }[]>(`select count(*)::int as n from webhook_messages where type = 'domain.verified' and payload -> 'data' ->> 'id' = ?`, [domainId]))[0]!.n;
+    const pending = async (name: string) => {
+      const created = (await api('POST', '/domains', { domain: name })).json();
+      publishDomainRecords(dns, created.dnsRecords);
+      await ctx.services.orm.em.fork().execute(`update domains set status = 'PENDING', pending_since = now() where id = ?`, [created.id]);
+      return created.id as string;
+    };
+
+    const twice = await pending('twice.example');
+    const checks = await Promise.all(Array.from({ length: 5 }, () => checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, twice)));
+    expect(checks.map((d) => d?.status)).toEqual(Array(5).fill('VERIFIED'));
+    expect(await outbox(twice)).toBe(1);
+
+    // The delete holds the row while the check looks its records up, then commits.
+    const gone = await pending('gone.example');
+    const client = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
+    await client.connect();
+    try {
+      await client.query('begin');
+      await client.query('delete from domains where id = $1', [gone]);
+      const check = checkDomain(ctx.services.orm.em.fork(), ctx.services.dns.fresh, gone);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      await client.query('commit');
+      expect(await check).toBeNull();
+    } finally {
+      await client.end();
+    }
+    expect(await outbox(gone)).toBe(0);
   });
 
   it('campaign.sent when a campaign completes', async () => {

@@ -1,4 +1,4 @@
-import type { EntityManager } from '@mikro-orm/postgresql';
+import { LockMode, type EntityManager } from '@mikro-orm/postgresql';
 import { Domain, type DomainDnsRecord, type DomainStatus } from '../db/entities/index.js';
 import type { DnsLookup } from '../dns/types.js';
 import { parseTags } from './records.js';
@@ -175,23 +175,31 @@ export function applyChecks(domain: Domain, checks: RecordCheck[], now: Date): v
   domain.status = next;
 }
 
+const checkable = (domain: Domain | null): domain is Domain => domain !== null && (domain.status === 'PENDING' || domain.status === 'VERIFIED');
+
 /** One check of one domain, idempotent: a domain not PENDING or VERIFIED is left alone. */
 export async function checkDomain(em: EntityManager, dns: DnsLookup, domainId: string, now = new Date()): Promise<Domain | null> {
-  const domain = await em.findOne(Domain, { id: domainId });
-  if (!domain || (domain.status !== 'PENDING' && domain.status !== 'VERIFIED')) return domain;
-  const checks = await checkRecords(dns, domain.dnsRecords);
-  const previous = domain.status;
-  applyChecks(domain, checks, now);
-  // domain.verified / domain.failed commit with the status (webhook outbox); commit flushes.
+  const found = await em.findOne(Domain, { id: domainId });
+  if (!checkable(found)) return found;
+  const checks = await checkRecords(dns, found.dnsRecords);
+  // Applied to the row as it is once locked, after the lookups: two checks of the domain at
+  // once (verify clicked twice) record its change once, and a domain deleted meanwhile is
+  // left gone, without an event. domain.verified / domain.failed commit with the status
+  // (webhook outbox); commit flushes.
   await em.begin();
   try {
-    await recordDomainStatus(em, domain, previous);
+    const domain = await em.findOne(Domain, { id: domainId }, { lockMode: LockMode.PESSIMISTIC_WRITE, refresh: true });
+    if (checkable(domain)) {
+      const previous = domain.status;
+      applyChecks(domain, checks, now);
+      await recordDomainStatus(em, domain, previous);
+    }
     await em.commit();
+    return domain;
   } catch (error) {
     await em.rollback();
     throw error;
   }
-  return domain;
 }
 
 /** Ids of PENDING/VERIFIED domains whose next check is due, oldest first. */
