@@ -172,6 +172,10 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
       const events: WorkflowEvent[] = [];
       let row: SubscriberRow | undefined;
       let created = false;
+      // The tags first, as an import makes them (import.ts): one lock order for every writer,
+      // tags then subscribers, so a write and an import that both create a tag and touch the
+      // same address never wait on each other in a cycle (a deadlock: one of them failed).
+      const adding = !request.removeTags && input.tags !== undefined ? await ensureTags(tx, organizationId, tagInput.names, now) : undefined;
 
       if (operation === 'create') {
         row = await q.insertSubscriber(tx, {
@@ -215,12 +219,11 @@ async function write(deps: AudienceDeps, organizationId: string, request: WriteR
       if (request.removeTags) {
         const ids = await tagIdsByName(tx, organizationId, tagInput.names);
         if (ids.length > 0) changes.removed = await detachTags(tx, row.id, 'drop', ids);
-      } else if (input.tags !== undefined) {
+      } else if (adding) {
         // `replaceTags` without `tags` changes nothing: an omitted property never does (`tags: []` clears).
-        const tags = await ensureTags(tx, organizationId, tagInput.names, now);
-        changes.added = await attachTags(tx, row.id, tags, now);
+        changes.added = await attachTags(tx, row.id, adding, now);
         if (input.replaceTags === true) {
-          changes.removed = await detachTags(tx, row.id, 'keep', tags.map((t) => t.id));
+          changes.removed = await detachTags(tx, row.id, 'keep', adding.map((t) => t.id));
         }
       }
       for (const tag of changes.added.sort(byName)) events.push({ name: 'subscriber.tag_added', data: { tag } });

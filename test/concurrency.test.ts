@@ -4,10 +4,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 
 /**
- * A delete that commits while another request works on the same row (or on a row that
- * refers to it). Each test holds the delete open in a transaction of its own, starts the
- * request, which waits for the delete's row lock, then commits: the request must answer as
- * if the row had been gone before it started, never 500, and a second delete is 404.
+ * Two writers on the same rows. Each test holds one write open in a transaction of its own,
+ * starts the request, which waits for that transaction's locks, then commits. A delete
+ * committed meanwhile: the request answers as if the row had been gone before it started,
+ * never 500, and a second delete is 404. Writers that create the same rows: no deadlock.
  */
 let ctx: TestContext;
 let token: string;
@@ -27,8 +27,11 @@ function api(method: 'GET' | 'POST' | 'DELETE', url: string, body?: unknown) {
 
 const sql = <T = Record<string, unknown>>(query: string, params: unknown[] = []) => ctx.services.orm.em.fork().execute<T[]>(query, params, 'all');
 
-/** Runs `request` while `statements` are run and held uncommitted; commits them 300 ms later. */
-async function duringDelete<T>(statements: [string, unknown[]][], request: () => Promise<T>): Promise<T> {
+/**
+ * Runs `request` while `statements` are run and held uncommitted; runs `then` 300 ms later in
+ * the same transaction (it must not wait on the request: it fails on a deadlock), then commits.
+ */
+async function duringDelete<T>(statements: [string, unknown[]][], request: () => Promise<T>, then: [string, unknown[]][] = []): Promise<T> {
   const client = new pg.Client({ connectionString: ctx.env.config.databaseUrl });
   await client.connect();
   try {
@@ -41,6 +44,7 @@ async function duringDelete<T>(statements: [string, unknown[]][], request: () =>
     await sleep(300);
     // The request waits for the delete: otherwise this test would not test the race.
     expect(answered).toBe(false);
+    for (const [text, values] of then) await client.query(text, values);
     await client.query('commit');
     return await answer;
   } finally {
@@ -101,5 +105,25 @@ describe('a delete committed while a request uses the row', () => {
     const id = domain.json().id as string;
     const second = await duringDelete([['delete from domains where id = $1', [id]]], () => api('DELETE', `/domains/${id}`));
     expect(second.statusCode, second.body).toBe(404);
+  });
+});
+
+describe('writers creating the same rows at once', () => {
+  it('a subscriber write and an import that both create a tag and the same address do not deadlock', async () => {
+    // An import's order (import.ts): the new tag, then the subscribers, in one transaction.
+    const now = new Date();
+    const created = await duringDelete(
+      [[`insert into tags (id, organization_id, name, created_at, updated_at) values ('tag_concurrent0000000000000000', $1, 'Fresh', $2, $2)`, [organizationId, now]]],
+      () => api('POST', '/subscribers', { email: 'both@example.com', tags: ['fresh'] }),
+      [
+        [
+          `insert into subscribers (id, organization_id, email, status, fields, created_at, updated_at)
+           values ('sub_concurrent0000000000000000', $1, 'both@example.com', 'SUBSCRIBED', '{}', $2, $2) on conflict (organization_id, email) do nothing`,
+          [organizationId, now],
+        ],
+      ],
+    );
+    expect(created.statusCode, created.body).toBe(200);
+    expect(created.json().tags.map((t: { name: string }) => t.name)).toEqual(['Fresh']);
   });
 });
