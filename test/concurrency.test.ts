@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { insertTrackingEventsOnce } from '../src/shared/outcomes/queries.js';
 import { bearer, createOrg, createTestContext, type TestContext } from './helpers/context.js';
 
 /**
@@ -90,6 +91,17 @@ describe('a delete committed while a request uses the row', () => {
     expect(sender.json().name).toBe('validation_error');
     expect(sender.body).toMatch(/going\.example is not a domain of this organization/);
     expect(await sql(`select id from senders where organization_id = ? and email = 'news@going.example'`, [organizationId])).toEqual([]);
+  });
+
+  it('an open recorded while its email is purged leaves no event behind', async () => {
+    const sent = await api('POST', '/emails', { from: 'a@acme.test', to: 'purged@example.com', subject: 'Old', html: '<p>x</p>' });
+    expect(sent.statusCode, sent.body).toBe(200);
+    const id = sent.json().id as string;
+    // The retention purge's delete: its trigger deletes the email's events in the same statement.
+    await duringDelete([['delete from emails where id = $1', [id]]], () =>
+      insertTrackingEventsOnce(ctx.services.orm.em.fork(), [[id], ['open'], [new Date().toISOString()], ['203.0.113.9'], ['Mail/1.0'], [null]]),
+    );
+    expect(await sql('select email_id from email_events where email_id = ?', [id])).toEqual([]);
   });
 
   it('the second of two deletes of a campaign is 404', async () => {

@@ -27,10 +27,16 @@ function query<T>(em: EntityManager, sql: string, params: unknown[], name?: stri
  * the statement text never changes, so it is prepared once per connection). Joined to
  * `emails`, which supplies the organization: a hit of an unknown email is not recorded.
  */
+// The emails are locked (FOR KEY SHARE) while their events are written: email_events has no
+// foreign key, and an email deleted at the same moment (the retention purge, whose trigger
+// deletes its events in the same statement) would otherwise keep the events of this insert
+// for good. Now the purge waits for the insert and its trigger takes them, or the insert
+// waits for the purge and finds the email gone.
 const INSERT_EVENTS = `insert into email_events (email_id, organization_id, type, occurred_at, ip, user_agent, url)
   select h.email_id, e.organization_id, h.type, h.at, h.ip, h.ua, h.url
   from unnest(?::text[], ?::text[], ?::timestamptz[], ?::text[], ?::text[], ?::text[]) as h(email_id, type, at, ip, ua, url)
-  join emails e on e.id = h.email_id`;
+  join emails e on e.id = h.email_id
+  for key share of e`;
 
 /** The columns of INSERT_EVENTS: email ids, types, ISO times, ips, user agents, urls. */
 export type TrackingEventColumns = [string[], string[], string[], (string | null)[], (string | null)[], (string | null)[]];
