@@ -61,6 +61,36 @@ describe('an endpoint run', () => {
     expect(verifies(endpoint.secret, 1)).toBe(false);
   });
 
+  it('applies a rotated secret and a disable within a batch, once the endpoint is read again', async () => {
+    const endpoint = (await api('POST', '/webhooks', { url: 'https://receiver.example/in-batch', events: ['*'] })).json() as { id: string; secret: string };
+    for (let i = 0; i < 4; i++) expect((await api('POST', `/webhooks/${endpoint.id}/test`)).statusCode).toBe(200);
+    const posted: { headers: Record<string, string>; body: string }[] = [];
+    let rotated = '';
+    const client = {
+      async post(_endpointId: string, _url: string, headers: Record<string, string>, body: string) {
+        posted.push({ headers, body });
+        if (posted.length === 1) rotated = (await api('POST', `/webhooks/${endpoint.id}/secret`)).json().secret as string;
+        if (posted.length === 2) expect((await api('PATCH', `/webhooks/${endpoint.id}`, { enabled: false })).statusCode).toBe(200);
+        return { ok: true, statusCode: 200, error: null };
+      },
+    } as unknown as WebhookClient;
+    // One batch of all four, read again before every post.
+    const counts = await deliverEndpoint({ em: ctx.services.orm.em.fork(), box: ctx.services.box, client, clock: ctx.services.clock }, endpoint.id, { batch: 4, concurrency: 1, refreshMs: 0 });
+    expect(counts).toEqual({ succeeded: 2, failed: 0 });
+    expect(posted).toHaveLength(2);
+    expect(() => new Webhook(rotated).verify(posted[1]!.body, posted[1]!.headers)).not.toThrow();
+    // The two not posted wait as they were: unattempted, and claimable once enabled again.
+    const waiting = await ctx.services.orm.em.fork().execute<{ attempts: number; locked_until: Date | null }[]>(
+      `select attempts, locked_until from webhook_messages where endpoint_id = ? and status = 'pending'`,
+      [endpoint.id],
+      'all',
+    );
+    expect(waiting).toEqual([
+      { attempts: 0, locked_until: null },
+      { attempts: 0, locked_until: null },
+    ]);
+  });
+
   it("posts an endpoint's due events oldest first", async () => {
     const endpoint = (await api('POST', '/webhooks', { url: 'https://receiver.example/ordered', events: ['*'] })).json() as { id: string };
     for (let i = 0; i < 40; i++) expect((await api('POST', `/webhooks/${endpoint.id}/test`)).statusCode).toBe(200);

@@ -4,7 +4,7 @@ import { Agent, request } from 'undici';
 import type { SecretBox } from '../crypto.js';
 import type { DnsLookup } from '../dns/types.js';
 import type { Logger } from '../logger.js';
-import { claimMessages, loadEndpointForDelivery, recordAttempts, recordEndpointHealth, type AttemptResult } from './queries.js';
+import { claimMessages, loadEndpointForDelivery, recordAttempts, recordEndpointHealth, releaseMessages, type AttemptResult } from './queries.js';
 import { webhookHeaders } from './signer.js';
 import { guardedLookup, hostOf, isPublicAddress } from './ssrf.js';
 
@@ -148,12 +148,14 @@ export interface EndpointRunOptions {
   leaseMs?: number;
   /** One run stops claiming after this long, so a busy endpoint yields its worker slot. */
   maxRunMs?: number;
+  /** The endpoint (URL, secret, enabled) is read again before a post once this old. */
+  refreshMs?: number;
 }
 
 // A batch of 256 at 16 at a time takes at most 160 s against an endpoint that always times
 // out: well within the lease. Large batches spread the claim and the write-back of outcomes
 // (one statement each) over many deliveries.
-const RUN_DEFAULTS: Required<EndpointRunOptions> = { batch: 256, concurrency: 16, leaseMs: 5 * 60_000, maxRunMs: 30_000 };
+const RUN_DEFAULTS: Required<EndpointRunOptions> = { batch: 256, concurrency: 16, leaseMs: 5 * 60_000, maxRunMs: 30_000, refreshMs: 1_000 };
 
 export interface EndpointRunDeps {
   em: EntityManager;
@@ -176,19 +178,26 @@ export async function deliverEndpoint(deps: EndpointRunDeps, endpointId: string,
   // After a success has cleared the endpoint's failing streak, later successes of this run
   // have nothing to clear.
   let healthy = false;
+  // Read before every batch and again during one once `refreshMs` old (a batch against a slow
+  // endpoint lasts minutes): a disable, a new URL or a rotated secret applies to every post
+  // from a second after it on (docs/webhooks.md).
+  const current = endpointReader(deps, endpointId, o.refreshMs);
   while (Date.now() - started < o.maxRunMs) {
-    // Read before every batch, not once a run: a disable, a new URL or a rotated secret
-    // takes effect from the next batch (docs/webhooks.md: `enabled: false` stops deliveries).
-    const endpoint = await loadEndpointForDelivery(deps.em, endpointId);
-    if (!endpoint?.enabled) break;
+    if (!(await current(true))?.enabled) break;
     const claimed = await claimMessages(deps.em, endpointId, o.batch, o.leaseMs);
     if (claimed.length === 0) break;
-    const secret = deps.box.open(endpoint.secret_sealed);
-    const results = new Array<AttemptResult>(claimed.length);
+    const results = new Array<AttemptResult | undefined>(claimed.length);
+    // Claimed and not posted: the endpoint was disabled or deleted during the batch.
+    const unposted: string[] = [];
     await forEachLimit(claimed.length, o.concurrency, async (i) => {
       const message = claimed[i]!;
+      const endpoint = await current(false);
+      if (!endpoint?.enabled) {
+        unposted.push(message.id);
+        return;
+      }
       const body = JSON.stringify(message.payload);
-      const outcome = await deps.client.post(endpointId, endpoint.url, webhookHeaders(secret, message.id, body, deps.clock()), body);
+      const outcome = await deps.client.post(endpointId, endpoint.url, webhookHeaders(endpoint.secret, message.id, body, deps.clock()), body);
       const attempts = message.attempts + 1;
       if (outcome.ok) {
         results[i] = { id: message.id, status: 'succeeded', code: outcome.statusCode, error: null, next: null };
@@ -203,13 +212,19 @@ export async function deliverEndpoint(deps: EndpointRunDeps, endpointId: string,
         next: delay === undefined ? null : new Date(deps.clock().getTime() + delay).toISOString(),
       };
     });
-    await recordAttempts(deps.em, results);
-    const ok = results.filter((r) => r.status === 'succeeded').length;
+    const attempted = results.filter((r): r is AttemptResult => r !== undefined);
+    await recordAttempts(deps.em, attempted);
+    const ok = attempted.filter((r) => r.status === 'succeeded').length;
     counts.succeeded += ok;
-    counts.failed += results.length - ok;
+    counts.failed += attempted.length - ok;
+    if (unposted.length > 0) {
+      // Waiting as they were, for when it is enabled again (their attempts not counted).
+      await releaseMessages(deps.em, unposted);
+      break;
+    }
     if (ok > 0 && healthy) continue;
     healthy = ok > 0;
-    const last = results.find((r) => r.status !== 'succeeded');
+    const last = attempted.find((r) => r.status !== 'succeeded');
     const disabled = await recordEndpointHealth(deps.em, endpointId, ok > 0, DISABLE_AFTER_MS, `every delivery failed for 5 days (last: ${last?.error ?? 'unknown'})`);
     if (disabled) {
       deps.log?.warn({ endpointId }, 'webhook endpoint disabled: every delivery failed for 5 days');
@@ -217,6 +232,32 @@ export async function deliverEndpoint(deps: EndpointRunDeps, endpointId: string,
     }
   }
   return counts;
+}
+
+/**
+ * The endpoint as it is (URL, opened secret, enabled; undefined once deleted): read again
+ * when `fresh` is asked or the last read is `refreshMs` old, one read at a time for the
+ * posts in flight.
+ */
+function endpointReader(deps: EndpointRunDeps, endpointId: string, refreshMs: number) {
+  type Current = { url: string; secret: string; sealed: string; enabled: boolean } | undefined;
+  let value: Current;
+  let readAt = -Infinity;
+  let reading: Promise<Current> | undefined;
+  const read = async (): Promise<Current> => {
+    const row = await loadEndpointForDelivery(deps.em, endpointId);
+    if (!row) return (value = undefined);
+    // Opened once per sealed secret, not once per read.
+    const secret = value?.sealed === row.secret_sealed ? value.secret : deps.box.open(row.secret_sealed);
+    value = { url: row.url, secret, sealed: row.secret_sealed, enabled: row.enabled };
+    readAt = Date.now();
+    return value;
+  };
+  return async (fresh: boolean): Promise<Current> => {
+    if (!fresh && Date.now() - readAt < refreshMs) return value;
+    reading ??= read().finally(() => (reading = undefined));
+    return reading;
+  };
 }
 
 /** Runs `task(0..count-1)` with at most `limit` running at once. */

@@ -235,6 +235,11 @@ export async function recordAttempts(em: Db, results: AttemptResult[]): Promise<
   );
 }
 
+/** Claimed messages given back unattempted (their endpoint was disabled meanwhile). */
+export async function releaseMessages(em: Db, ids: readonly string[]): Promise<void> {
+  await em.execute(`update webhook_messages set locked_until = null where id in (select jsonb_array_elements_text(?::jsonb))`, [JSON.stringify(ids)], 'run');
+}
+
 /**
  * The endpoint's health after a batch: any success clears its failing streak; a batch that
  * all failed starts one, and a streak older than `disableAfterMs` disables the endpoint.
