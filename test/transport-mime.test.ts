@@ -1,4 +1,5 @@
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { simpleParser } from 'mailparser';
@@ -57,6 +58,31 @@ describe('a domain key that cannot sign', () => {
     } finally {
       transport.close();
       await sink.close();
+    }
+  });
+});
+
+describe('a relay that was down', () => {
+  it('takes mail again once it is back, however many connections failed meanwhile', async () => {
+    // A port nothing listens on, until the relay starts there.
+    const probe = createServer();
+    await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
+    const { port } = probe.address() as AddressInfo;
+    await new Promise<void>((resolve) => probe.close(() => resolve()));
+    const transport = createMailTransport({ transport: 'smtp', smtpUrl: `smtp://127.0.0.1:${port}`, maxConnections: 2 } as never);
+    const message = (i: number) => ({ id: `eml_down${i}`, organizationId: 'org_x', from: 'a@acme.test', to: 'r@example.com', subject: 'Hi', html: '<p>Hi</p>', text: 'Hi', messageId: `eml_down${i}@acme.test`, fromDomain: 'acme.test' });
+    let sink: Awaited<ReturnType<typeof startSmtpSink>> | undefined;
+    try {
+      // More refused connections than the pool has slots.
+      for (let i = 0; i < 4; i++) await expect(transport.send(message(i))).rejects.toMatchObject({ code: expect.stringMatching(/ECONNREFUSED|ESOCKET|ECONNECTION/) });
+      sink = await startSmtpSink({ port });
+      const sent = await Promise.race([transport.send(message(9)), new Promise((_, reject) => setTimeout(() => reject(new Error('no send within 10 s')), 10_000))]);
+      expect(sent).toMatchObject({ delivered: false });
+      expect(sink.accepted).toBe(1);
+    } finally {
+      // The pool's connection first: the sink's close waits for its clients.
+      transport.close();
+      await sink?.close();
     }
   });
 });

@@ -28,7 +28,7 @@ export interface SmtpSink {
   close(): Promise<void>;
 }
 
-export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<SmtpSink> {
+export async function startSmtpSink(options: { parse?: boolean; port?: number } = {}): Promise<SmtpSink> {
   const parse = options.parse ?? true;
   const sink: SmtpSink = {
     url: '',
@@ -83,7 +83,7 @@ export async function startSmtpSink(options: { parse?: boolean } = {}): Promise<
       );
     },
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise<void>((resolve) => server.listen(options.port ?? 0, '127.0.0.1', resolve));
   const { port } = server.server.address() as AddressInfo;
   sink.url = `smtp://127.0.0.1:${port}`;
   sink.close = () => new Promise<void>((resolve) => server.close(() => resolve()));

@@ -320,21 +320,29 @@ export function smtpConnection(smtpUrl: string) {
     // Nagle's algorithm holds back the final "." of DATA until the relay ACKs the body,
     // which a delayed ACK postpones by ~40 ms: one message per 40 ms per connection. The
     // pool gets sockets with TCP_NODELAY instead (TLS, implicit or STARTTLS, runs over them).
-    getSocket: (options: { host?: string; port?: number }, callback: (error: Error | null, socketOptions?: { connection: Socket }) => void) => {
+    //
+    // A socket that cannot connect is never answered as an error: nodemailer's pool then
+    // fails the message but keeps the connection's slot as busy for good (pool-resource.js
+    // answers a getSocket error without the 'error' event that frees it), so a relay down
+    // for as many attempts as SMTP_MAX_CONNECTIONS stopped the worker sending for good. The
+    // pool is told to connect by itself instead (`false`): its own attempt fails the
+    // message as a connection error and frees the slot, or, if the relay is back, gives a
+    // connection without TCP_NODELAY until it is recycled.
+    getSocket: (options: { host?: string; port?: number }, callback: (error: Error | null, socketOptions?: { connection: Socket } | false) => void) => {
       const socket = connect(options.port ?? 587, options.host ?? 'localhost');
       socket.setNoDelay(true);
       const timer = setTimeout(() => {
         socket.destroy();
-        callback(Object.assign(new Error('Connection timeout'), { code: 'ETIMEDOUT' }));
+        callback(null, false);
       }, CONNECT_TIMEOUT_MS);
       socket.once('connect', () => {
         clearTimeout(timer);
         socket.removeAllListeners('error');
         callback(null, { connection: socket });
       });
-      socket.once('error', (error) => {
+      socket.once('error', () => {
         clearTimeout(timer);
-        callback(error);
+        callback(null, false);
       });
     },
   };
