@@ -7,6 +7,8 @@ import { closeServices, createServices, type Services } from '../src/shared/cont
 import { createLogger } from '../src/shared/logger.js';
 import { bearer, createOrg, createTestEnv, type TestEnv } from './helpers/context.js';
 import { TcpProxy, TestRedis, waitFor } from './helpers/outages.js';
+import { openDialog } from './helpers/smtp-dialog.js';
+import { startSubmission } from '../src/smtp/server.js';
 
 // docs/operations.md "When PostgreSQL or Redis goes away": while PostgreSQL or Redis is unreachable
 // the API answers 503 service_unavailable quickly (never a hang, never a 500), /readyz names what
@@ -128,6 +130,22 @@ describe('PostgreSQL goes away', () => {
     expectUnavailable(unknown.res);
 
     await pgProxy.restore();
+    await expectHealthy();
+  });
+
+  it('answers SMTP AUTH of a token never seen with 454 while it is gone (docs/smtp.md)', async () => {
+    const listener = await startSubmission(services, { closeTimeoutMs: 200 });
+    try {
+      await expectHealthy();
+      await pgProxy.cut();
+      const dialog = await openDialog(listener.port);
+      await dialog.send('EHLO client.test');
+      expect(await dialog.auth(`svc_${'2'.repeat(64)}`)).toMatch(/^454 4\.7\.0 /);
+      dialog.close();
+    } finally {
+      await pgProxy.restore();
+      await listener.close();
+    }
     await expectHealthy();
   });
 

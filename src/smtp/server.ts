@@ -35,10 +35,10 @@ interface SessionUser {
   secret: string;
 }
 
-function asReply(error: unknown, services: Services, what: string): Error {
+function asReply(error: unknown, services: Services, what: string, temporary: () => SmtpReplyError = replies.tryLater): Error {
   if (error instanceof SmtpReplyError) return error;
   services.logger.warn({ err: error }, `smtp submission: ${what} failed`);
-  return replies.tryLater();
+  return temporary();
 }
 
 /** Reads DATA whole; resolves undefined when the client went away before the end. */
@@ -128,7 +128,8 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (!caller) return callback(replies.badCredentials());
           callback(null, { user: { caller, secret } satisfies SessionUser });
         },
-        (error: unknown) => callback(asReply(error, services, 'token lookup')),
+        // PostgreSQL (or Redis) not answering: 454, as RFC 4954 gives a temporary AUTH failure.
+        (error: unknown) => callback(asReply(error, services, 'token lookup', replies.authUnavailable)),
       );
     },
 
