@@ -326,8 +326,9 @@ export function smtpConnection(smtpUrl: string) {
     // answers a getSocket error without the 'error' event that frees it), so a relay down
     // for as many attempts as SMTP_MAX_CONNECTIONS stopped the worker sending for good. The
     // pool is told to connect by itself instead (`false`): its own attempt fails the
-    // message as a connection error and frees the slot, or, if the relay is back, gives a
-    // connection without TCP_NODELAY until it is recycled.
+    // message as a connection error and frees the slot. Should that attempt succeed (a relay
+    // back within a millisecond of refusing, or one that answers just after our 10 s), its
+    // connection has no TCP_NODELAY: slower (a delayed ACK a message) while it lasts.
     getSocket: (options: { host?: string; port?: number }, callback: (error: Error | null, socketOptions?: { connection: Socket } | false) => void) => {
       const socket = connect(options.port ?? 587, options.host ?? 'localhost');
       socket.setNoDelay(true);
