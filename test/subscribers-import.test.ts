@@ -1,5 +1,6 @@
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitForRedis } from '../src/shared/redis.js';
@@ -93,6 +94,21 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
     // Neither --org nor a token: told both ways.
     const neither = await runCli(['subscribers', 'import', file], ctx.env.env);
     expect(neither).toMatchObject({ code: 2, stderr: expect.stringContaining('--org ORG_ID (the database directly) or MAILROOM_TOKEN') });
+  });
+
+  it('keeps each request through the API under its body limit when the cells are not ASCII', async () => {
+    const other = await createOrg(ctx.services);
+    const address = ctx.app.server.listening
+      ? `http://127.0.0.1:${(ctx.app.server.address() as AddressInfo).port}`
+      : await ctx.app.listen({ port: 0, host: '127.0.0.1' });
+    // 300 rows of 2,500 three-byte characters: 750,000 characters, but 2.25 MB of JSON.
+    const note = '€'.repeat(2_500);
+    const file = join(dir, 'not-ascii.csv');
+    await writeFile(file, ['email,note', ...Array.from({ length: 300 }, (_, i) => `euro${i}@example.com,${note}`)].join('\n'));
+    const env = { ...ctx.env.env, MAILROOM_URL: address, MAILROOM_TOKEN: other.token, DATABASE_URL: 'postgres://nobody@127.0.0.1:1/none' };
+    const result = await runCli(['subscribers', 'import', file, '--json'], env);
+    expect(result.code, result.stderr).toBe(0);
+    expect(JSON.parse(result.stdout)).toMatchObject({ rows: 300, created: 300, skipped: 0 });
   });
 
   it('POST /api/v2/subscribers/import parses and imports records, reporting what it skipped', async () => {

@@ -149,7 +149,7 @@ export async function subscribersImport(config: Config, args: string[], usage: (
         batch.push(parsed.row);
         if (!orm) {
           records.push(record);
-          recordBytes += JSON.stringify(record).length;
+          recordBytes += Buffer.byteLength(JSON.stringify(record));
         }
       }
       if (full()) {
