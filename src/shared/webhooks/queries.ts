@@ -157,12 +157,12 @@ export async function retryMessage(em: Db, endpointId: string, messageId: string
  * `POST …/test`: a `webhook.test` message for this endpoint alone; nothing when the endpoint
  * is gone (deleted meanwhile: the lock waits for the delete, then finds no row).
  */
-export async function insertTestMessage(em: Db, endpoint: EndpointRow, id: string, payload: unknown): Promise<MessageRow | undefined> {
+export async function insertTestMessage(em: Db, endpointId: string, id: string, payload: unknown): Promise<MessageRow | undefined> {
   const [row] = await em.execute<MessageRow[]>(
     `insert into webhook_messages (id, endpoint_id, organization_id, type, payload, next_attempt_at)
      select ?, w.id, w.organization_id, 'webhook.test', ?::jsonb, now() from webhook_endpoints w where w.id = ?
      ${LOCK_ENDPOINTS} returning *`,
-    [id, JSON.stringify(payload), endpoint.id],
+    [id, JSON.stringify(payload), endpointId],
     'all',
   );
   return row;

@@ -193,7 +193,7 @@ export async function retryDelivery(em: EntityManager, organizationId: string, i
 export async function sendTestEvent(em: EntityManager, organizationId: string, id: string, now: Date): Promise<Delivery> {
   const endpoint = await endpointOf(em, organizationId, id);
   const payload = { type: TEST_EVENT_TYPE, created_at: now.toISOString(), data: { webhook_id: endpoint.id, message: 'This is a test event from mailroom.' } };
-  const row = await insertTestMessage(em, endpoint, newId('msg'), payload);
+  const row = await insertTestMessage(em, endpoint.id, newId('msg'), payload);
   if (!row) throw new NotFoundError(`No webhook ${id}`);
   return toDelivery(row);
 }
