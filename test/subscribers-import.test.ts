@@ -140,6 +140,13 @@ describe('cli subscribers import (docs/audience.md "CSV import")', () => {
       ],
     });
     expect((await get('cap@example.com')).json()).toMatchObject({ fields: [{ name: 'plan', value: 'gold' }] });
+    // `resubscribe`, as the CLI's --no-resubscribe: false keeps an unsubscribed contact so; the default subscribes it again.
+    const importOne = (body: object) => ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/import', headers: bearer(org.token), payload: { records: [{ email: 'cap@example.com' }], ...body } });
+    expect((await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/cap@example.com/unsubscribe', headers: bearer(org.token) })).statusCode).toBe(200);
+    expect((await importOne({ resubscribe: false })).statusCode).toBe(200);
+    expect((await get('cap@example.com')).json().status).toBe('UNSUBSCRIBED');
+    expect((await importOne({})).statusCode).toBe(200);
+    expect((await get('cap@example.com')).json().status).not.toBe('UNSUBSCRIBED');
     // The subscribers permission, as every subscriber write.
     const narrow = await ctx.app.inject({ method: 'POST', url: '/api/v2/tokens', headers: bearer(org.token), payload: { name: 'mail only', permissions: ['emails'] } });
     const refused = await ctx.app.inject({ method: 'POST', url: '/api/v2/subscribers/import', headers: bearer(narrow.json().token), payload: { records: [{ email: 'no@example.com' }] } });
