@@ -215,7 +215,7 @@ describe('npm run start:worker (src/workers/main.ts)', () => {
     try {
       await proc.waitFor(/"queues":\["maintenance"\].*workers started/);
       proc.child.kill('SIGTERM');
-      expect(await proc.exited).toBe(0);
+      expect(await proc.exited, proc.stdout() + proc.stderr()).toBe(0);
     } finally {
       proc.kill();
     }
