@@ -60,6 +60,31 @@ describe('worker runner', () => {
     }
   });
 
+  it('is started only once every worker is connected: closed at once, it leaves no unhandled rejection', async () => {
+    // A stop right after "workers started" (a loaded machine, a quick Ctrl-C): a worker whose
+    // blocking connection was still being set up rejected a command of it on close, unhandled,
+    // and the process exited 1 instead of 0.
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown) => void unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    const noop = defineProcessor({ queue: 'maintenance', handlers: { 'purge-expired': async () => null } });
+    try {
+      for (let i = 0; i < 40; i++) {
+        const connection = createRedis(ctx.env.config.redisUrl, 'worker');
+        connection.on('error', () => {});
+        const running = await startWorkers(ctx.services, connection, [noop]);
+        // The signal comes a few milliseconds after the log line.
+        await sleep(i % 5);
+        await running.close();
+        connection.disconnect();
+      }
+      await sleep(200);
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+    }
+  });
+
   it('refuses an unknown queue in WORKER_QUEUES, naming it', async () => {
     const connection = createRedis(ctx.env.config.redisUrl, 'worker');
     try {

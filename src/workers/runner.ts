@@ -131,6 +131,10 @@ export async function startWorkers(
     worker.on('resumed', () => services.metrics.workerPaused.set({ queue }, 0));
     workers.push(worker);
   }
+  // Started means connected: a worker whose blocking connection is still being set up
+  // rejects that set-up's commands, unhandled, when it is closed (a stop right after start),
+  // and the process exits 1 instead of 0.
+  await Promise.all(workers.map((worker) => worker.waitUntilReady()));
   for (const processor of chosen) await processor.onStart?.(services);
   // A Redis that comes back empty (restarted without persistence) has lost the job schedulers
   // (the reconcilers among them): upserted again whenever the connection is ready again. One
