@@ -342,6 +342,57 @@ describe('bad input gets its reply and stores nothing', () => {
     expect(raw).not.toMatch(/attachment-\d/);
   });
 
+  it("keeps a calendar invitation beside the text and HTML, and every part's Content-Type parameters", async () => {
+    const transport = client();
+    const calendar = 'BEGIN:VCALENDAR\r\nMETHOD:REQUEST\r\nBEGIN:VEVENT\r\nSUMMARY:Kick-off\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n';
+    const latin1 = Buffer.from('caf\xe9;na\xefve\r\n', 'latin1');
+    const info = await transport.sendMail({
+      from: 'app@acme.test',
+      to: 'invitee@example.com',
+      subject: 'Kick-off',
+      text: 'You are invited.',
+      html: '<p>You are invited.</p>',
+      // As Outlook and Google Calendar send an invitation: in multipart/alternative, no disposition.
+      icalEvent: { method: 'REQUEST', content: calendar },
+      attachments: [{ filename: 'data.csv', content: latin1, contentType: 'text/csv; charset=iso-8859-1' }],
+    });
+    transport.close();
+    const id = /eml_[0-9a-z]{26}/.exec(info.response)![0];
+    const email = await until(() => api('GET', `/emails/${id}`).then((r) => r.json()), (e) => e.last_event === 'sent');
+    // The API lists media types, as it did.
+    expect(email.attachments).toEqual([
+      { filename: null, content_type: 'text/calendar', size: Buffer.byteLength(calendar) },
+      { filename: 'data.csv', content_type: 'text/csv', size: latin1.length },
+      // nodemailer attaches the invitation as a file too.
+      { filename: 'invite.ics', content_type: 'application/ics', size: Buffer.byteLength(calendar) },
+    ]);
+    const raw = sink.raw[sink.messages.findIndex((m) => m.messageId === `<${id}@acme.test>`)]!.toString('latin1');
+    // The invitation is a part of the alternative, with its method and charset, not an attachment.
+    const alternative = /Content-Type: multipart\/alternative;\s+boundary="([^"]+)"/.exec(raw);
+    expect(alternative, raw).not.toBeNull();
+    const parts = raw.split(`--${alternative![1]}`).slice(1, -1);
+    expect(parts.map((p) => /Content-Type: ([^;\r\n]+)/.exec(p)?.[1])).toEqual(['text/plain', 'text/html', 'text/calendar']);
+    expect(parts[2]).toMatch(/Content-Type: text\/calendar; charset=utf-8; method=REQUEST/);
+    expect(parts[2]).not.toMatch(/Content-Disposition/);
+    // The CSV keeps its charset, and its bytes.
+    expect(raw).toMatch(/Content-Type: text\/csv; charset=iso-8859-1; name=data\.csv/);
+    const delivered = await simpleParser(sink.raw[sink.messages.findIndex((m) => m.messageId === `<${id}@acme.test>`)]!);
+    expect(delivered.attachments.find((a) => a.filename === 'data.csv')!.content.equals(latin1)).toBe(true);
+  });
+
+  it('more than 50 Cc or Reply-To addresses: 554 5.6.0, as the API refuses them', async () => {
+    const before = await counts();
+    const many = (n: number, at: string) => Array.from({ length: n }, (_, i) => `c${i}@${at}`).join(',\r\n ');
+    expect(await submit(`From: app@acme.test\r\nTo: r@example.com\r\nCc: ${many(51, 'example.com')}\r\nSubject: cc\r\n\r\nx`)).toMatch(/^554 5\.6\.0 To and Cc: at most 51 addresses/);
+    expect(await submit(`From: app@acme.test\r\nTo: r@example.com\r\nReply-To: ${many(51, 'acme.test')}\r\nSubject: rt\r\n\r\nx`)).toMatch(/^554 5\.6\.0 Reply-To: at most 50 addresses/);
+    expect(await counts()).toEqual(before);
+    // 50 of each is the API's limit, and taken.
+    const reply = await submit(`From: app@acme.test\r\nTo: r@example.com\r\nCc: ${many(50, 'example.com')}\r\nReply-To: ${many(50, 'acme.test')}\r\nSubject: fifty\r\n\r\nx`);
+    expect(reply).toMatch(/^250 /);
+    const email = (await api('GET', `/emails/${/eml_[0-9a-z]{26}/.exec(reply)![0]}`)).json();
+    expect([email.cc.length, email.reply_to.length]).toEqual([50, 50]);
+  });
+
   it('too many recipients: 452 4.5.3 past 50', async () => {
     const dialog = await session();
     await dialog.auth(token);

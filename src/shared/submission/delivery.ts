@@ -25,11 +25,13 @@ export function withSubmittedParts(mail: SendMailOptions, parts: SubmittedParts)
     // Extra headers of the email row (none today for submitted mail) win over the submitted ones.
     headers: { ...headers, ...(mail.headers as Record<string, string> | undefined) },
     envelope: { from: from ?? false, to: parts.envelopeTo },
-    attachments: parts.attachments.map((a) => ({
+    // A calendar invitation or an AMP part goes back beside the text and HTML (message.ts).
+    alternatives: parts.attachments.filter((a) => a.disposition === 'alternative').map((a) => ({ contentType: a.contentType, content: a.content })),
+    attachments: parts.attachments.filter((a) => a.disposition !== 'alternative').map((a) => ({
       // None given, none sent (nodemailer would make up `attachment-1.*`).
       filename: a.filename ?? (false as const),
       contentType: a.contentType,
-      contentDisposition: a.disposition,
+      contentDisposition: a.disposition as 'attachment' | 'inline',
       cid: a.contentId ?? undefined,
       content: a.content,
     })),

@@ -16,8 +16,10 @@ import { unstorable } from '../storable.js';
 
 export interface SubmittedAttachment {
   filename: string | null;
+  /** The Content-Type as written, parameters included (`charset`, `method`), less `name`. */
   contentType: string;
-  disposition: 'attachment' | 'inline';
+  /** `alternative`: a body part beside the text and HTML (a calendar invitation), not an attachment. */
+  disposition: 'attachment' | 'inline' | 'alternative';
   /** Content-ID without angle brackets (an inline image referred to as `cid:`). */
   contentId: string | null;
   content: Buffer;
@@ -49,6 +51,12 @@ export interface SubmittedMessage {
 /** RFC 5322 2.1.1: a line is at most 998 characters, CRLF excluded. */
 const MAX_LINE = 998;
 const MAX_TAGS = 50;
+// The API's bound on cc and on reply_to (contract 9).
+const MAX_ADDRESSES = 50;
+// Parts that sit beside the text and HTML in multipart/alternative when they come without a
+// Content-Disposition: an invitation (RFC 6047, as Outlook, Google Calendar and nodemailer's
+// icalEvent write it) and AMP for Email. Delivered as an attachment, clients show no invitation.
+const ALTERNATIVE_TYPES = new Set(['text/calendar', 'text/x-amp-html']);
 // The API's bound on a subject (contract 9), in characters once unfolded.
 const MAX_SUBJECT = 998;
 const TAG_PART = /^[A-Za-z0-9_-]{1,256}$/;
@@ -119,10 +127,24 @@ function addressObjects(value: AddressObject | AddressObject[] | undefined): Add
   return Array.isArray(value) ? value : [value];
 }
 
-/** An attachment's Content-Type as submitted (its value, lower-cased, without parameters). */
+/**
+ * An attachment's Content-Type as submitted: its value, lower-cased, and its parameters as
+ * written (a charset, an invitation's method) but `name`, which the composer writes from
+ * the file name.
+ */
 function submittedType(attachment: { contentType: string; headers: Map<string, unknown> }): string {
-  const header = attachment.headers.get('content-type') as { value?: unknown } | undefined;
-  return typeof header?.value === 'string' && header.value.includes('/') ? header.value.toLowerCase() : attachment.contentType;
+  const header = attachment.headers.get('content-type') as { value?: unknown; params?: Record<string, unknown> } | undefined;
+  if (typeof header?.value !== 'string' || !header.value.includes('/')) return attachment.contentType;
+  const params = Object.entries(header.params ?? {})
+    .filter(([name, value]) => name !== 'name' && typeof value === 'string' && !/[\r\n]/.test(value))
+    .map(([name, value]) => `; ${name}=${/^[\w!#$&^.+-]+$/.test(value as string) ? value : `"${(value as string).replace(/(["\\])/g, '\\$1')}"`}`);
+  return header.value.toLowerCase() + params.join('');
+}
+
+/** `alternative` for a calendar or AMP part without a Content-Disposition; else as submitted. */
+function dispositionOf(attachment: { contentType: string; contentDisposition?: string; filename?: string; headers: Map<string, unknown> }, type: string): SubmittedAttachment['disposition'] {
+  if (!attachment.headers.has('content-disposition') && !attachment.filename && ALTERNATIVE_TYPES.has(type.split(';')[0]!)) return 'alternative';
+  return attachment.contentDisposition === 'inline' ? 'inline' : 'attachment';
 }
 
 /** Mailboxes of an address header, groups flattened; ones that are not an address are left out. */
@@ -239,17 +261,15 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   const listed = [...toList, ...ccList].map(formatMailbox);
   const to = listed.shift() ?? envelopeOnly.shift()!;
   const replyTo = mailboxes(mail.replyTo).map(formatMailbox);
+  // The API's bounds (contract 9): what the API refuses is not taken over SMTP either.
+  if (listed.length > MAX_ADDRESSES) throw replies.malformed(`To and Cc: at most ${MAX_ADDRESSES + 1} addresses (the API's to and cc)`);
+  if (replyTo.length > MAX_ADDRESSES) throw replies.malformed(`Reply-To: at most ${MAX_ADDRESSES} addresses (the API's reply_to)`);
 
-  const attachments = mail.attachments.map(
-    (a): SubmittedAttachment => ({
-      filename: a.filename ?? null,
-      // The type the client wrote: mailparser replaces application/octet-stream by one guessed from the file name.
-      contentType: submittedType(a) || 'application/octet-stream',
-      disposition: a.contentDisposition === 'inline' ? 'inline' : 'attachment',
-      contentId: a.cid ?? null,
-      content: a.content,
-    }),
-  );
+  const attachments = mail.attachments.map((a): SubmittedAttachment => {
+    // The type the client wrote: mailparser replaces application/octet-stream by one guessed from the file name.
+    const contentType = submittedType(a) || 'application/octet-stream';
+    return { filename: a.filename ?? null, contentType, disposition: dispositionOf(a, contentType), contentId: a.cid ?? null, content: a.content };
+  });
   const headers = keptHeaders(mail);
   if (headers.some(([name, value]) => unstorableText(name) || unstorableText(value)) || attachments.some((a) => unstorableText(a.filename) || unstorableText(a.contentType) || unstorableText(a.contentId))) {
     throw replies.malformed('Message headers contain NUL characters or unpaired surrogates');

@@ -59,7 +59,7 @@ export async function loadSubmittedParts(em: EntityManager, emailId: string): Pr
   const found = await withConnection(em, async (sql) => {
     const [row] = await sql.query<{ envelope_to: string[]; headers: [string, string][] }>('select envelope_to, headers from email_submissions where email_id = ?', [emailId]);
     if (!row) return undefined;
-    const attachments = await sql.query<{ filename: string | null; content_type: string; disposition: 'attachment' | 'inline'; content_id: string | null; content: Buffer }>(
+    const attachments = await sql.query<{ filename: string | null; content_type: string; disposition: 'attachment' | 'inline' | 'alternative'; content_id: string | null; content: Buffer }>(
       'select filename, content_type, disposition, content_id, content from email_attachments where email_id = ? order by position',
       [emailId],
     );
@@ -82,5 +82,9 @@ export interface AttachmentSummary {
 
 /** The attachments of an email as `GET /api/v2/emails/{id}` lists them (docs/smtp.md "From a message to an email"); no content read. */
 export async function listAttachments(em: EntityManager, emailId: string): Promise<AttachmentSummary[]> {
-  return withConnection(em, (sql) => sql.query<AttachmentSummary>('select filename, content_type, size from email_attachments where email_id = ? order by position', [emailId]));
+  return withConnection(em, (sql) => sql.query<AttachmentSummary>(
+      // The media type alone: the stored type keeps its parameters for the delivery.
+      "select filename, split_part(content_type, ';', 1) as content_type, size from email_attachments where email_id = ? order by position",
+      [emailId],
+    ));
 }

@@ -19,6 +19,7 @@ import { Migration20261125121000CopyRecipientEvents } from './20261125121000-cop
 import { Migration20261125220000EmailsRecipientBareAddress } from './20261125220000-emails-recipient-bare-address.js';
 import { Migration20261126010000EmailsRecipientAddressIndex } from './20261126010000-emails-recipient-address-index.js';
 import { Migration20261128150000InboundReportsLz4 } from './20261128150000-inbound-reports-lz4.js';
+import { Migration20261208020000AttachmentAlternative } from './20261208020000-attachment-alternative.js';
 
 /**
  * Committed migrations, applied in this order. Each is a class whose name starts with its
@@ -46,4 +47,5 @@ export const migrationsList = [
   { name: 'Migration20261125220000EmailsRecipientBareAddress', class: Migration20261125220000EmailsRecipientBareAddress },
   { name: 'Migration20261126010000EmailsRecipientAddressIndex', class: Migration20261126010000EmailsRecipientAddressIndex },
   { name: 'Migration20261128150000InboundReportsLz4', class: Migration20261128150000InboundReportsLz4 },
+  { name: 'Migration20261208020000AttachmentAlternative', class: Migration20261208020000AttachmentAlternative },
 ];
