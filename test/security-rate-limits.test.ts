@@ -17,6 +17,8 @@ beforeAll(async () => {
     RATE_LIMIT_ORG_PER_SECOND: String(ORG_LIMIT),
     MAX_TOKENS_PER_ORGANIZATION: '3',
     MAX_DOMAINS_PER_ORGANIZATION: '2',
+    MAX_WEBHOOKS_PER_ORGANIZATION: '2',
+    WEBHOOK_ALLOW_PRIVATE_URLS: 'true',
   });
   const org = await createOrg(ctx.services);
   organizationId = org.organizationId;
@@ -152,6 +154,25 @@ describe('caps per organization', () => {
     expect(res.json().message).toMatch(/MAX_DOMAINS_PER_ORGANIZATION/);
     const [row] = await ctx.services.orm.em.fork().execute<{ n: string }[]>('select count(*) as n from domains where organization_id = ?', [organizationId]);
     expect(Number(row!.n)).toBe(2);
+  });
+});
+
+describe('MAX_WEBHOOKS_PER_ORGANIZATION', () => {
+  it('refuses a third endpoint in the API and the dashboard alike, and counts per organization', async () => {
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    const create = (token: string, n: number) =>
+      ctx.app.inject({ method: 'POST', url: '/api/v2/webhooks', headers: bearer(token), payload: { url: `http://127.0.0.1:9/hook-${n}`, events: ['email.sent'] } });
+    // Two at once: the cap holds under concurrent creates.
+    const first = await Promise.all([create(tokens[0]!, 1), create(tokens[1]!, 2), create(tokens[2]!, 3)]);
+    expect(first.map((r) => r.statusCode).sort()).toEqual([200, 200, 422]);
+    const refused = first.find((r) => r.statusCode === 422)!.json();
+    expect(refused).toMatchObject({ name: 'validation_error' });
+    expect(refused.message).toMatch(/MAX_WEBHOOKS_PER_ORGANIZATION/);
+    const [row] = await ctx.services.orm.em.fork().execute<{ n: string }[]>('select count(*) as n from webhook_endpoints where organization_id = ?', [organizationId]);
+    expect(Number(row!.n)).toBe(2);
+    // Another organization has its own count.
+    const other = await createOrg(ctx.services);
+    expect((await create(other.token, 4)).statusCode).toBe(200);
   });
 });
 

@@ -173,6 +173,7 @@ const envSchema = z
     RATE_LIMIT_ORG_PER_SECOND: optionalPositiveInt,
     MAX_TOKENS_PER_ORGANIZATION: integer((n) => n.positive()).default(50),
     MAX_DOMAINS_PER_ORGANIZATION: integer((n) => n.positive()).default(20),
+    MAX_WEBHOOKS_PER_ORGANIZATION: integer((n) => n.positive()).default(20),
     TEST_SENDS_PER_HOUR: integer((n) => n.min(0)).default(20),
     // Where the generated SECRET_KEY of a non-production install is kept (created 0600 on first start).
     SECRET_KEY_FILE: z.string().min(1).default('./data/secret-key'),
@@ -292,6 +293,8 @@ export interface Config {
   rateLimitOrgPerSecond: number;
   maxTokensPerOrganization: number;
   maxDomainsPerOrganization: number;
+  /** MAX_WEBHOOKS_PER_ORGANIZATION: one organization's endpoints never take every webhook job slot of a worker (docs/webhooks.md). */
+  maxWebhooksPerOrganization: number;
   testSendsPerHour: number;
   secretKeyFile: string;
   /** Bounces and complaints by mail: the inbound SMTP listener and the return-path host. */
@@ -388,6 +391,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     rateLimitOrgPerSecond: e.RATE_LIMIT_ORG_PER_SECOND ?? 4 * e.RATE_LIMIT_PER_SECOND,
     maxTokensPerOrganization: e.MAX_TOKENS_PER_ORGANIZATION,
     maxDomainsPerOrganization: e.MAX_DOMAINS_PER_ORGANIZATION,
+    maxWebhooksPerOrganization: e.MAX_WEBHOOKS_PER_ORGANIZATION,
     testSendsPerHour: e.TEST_SENDS_PER_HOUR,
     secretKeyFile: e.SECRET_KEY_FILE,
     inbound: {

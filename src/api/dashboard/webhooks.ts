@@ -61,6 +61,7 @@ export async function webhookPages(app: App, ctx: DashboardContext): Promise<voi
     box: services.box,
     dns: services.dns.fresh,
     allowPrivateUrls: services.config.webhookAllowPrivateUrls,
+    maxEndpoints: services.config.maxWebhooksPerOrganization,
   });
 
   async function listPage(request: FastifyRequest, organizationId: string, user: PageUser, options: { before?: SafeHtml; entered?: Entered } = {}) {

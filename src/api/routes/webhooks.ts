@@ -105,6 +105,7 @@ export async function webhooksRoutes(app: App): Promise<void> {
     box: services.box,
     dns: services.dns.fresh,
     allowPrivateUrls: services.config.webhookAllowPrivateUrls,
+    maxEndpoints: services.config.maxWebhooksPerOrganization,
   });
   const config = { permission: 'settings' as const };
   const tags = ['webhooks'];

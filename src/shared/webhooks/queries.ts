@@ -57,6 +57,11 @@ export async function insertEndpoint(
   return created!;
 }
 
+export async function countEndpoints(em: Db, organizationId: string): Promise<number> {
+  const [row] = await em.execute<{ n: number }[]>('select count(*)::int as n from webhook_endpoints where organization_id = ?', [organizationId], 'all');
+  return row!.n;
+}
+
 export async function findEndpoint(em: Db, organizationId: string, id: string): Promise<EndpointRow | undefined> {
   const [row] = await em.execute<EndpointRow[]>('select * from webhook_endpoints where id = ? and organization_id = ?', [id, organizationId], 'all');
   return row;

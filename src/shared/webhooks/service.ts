@@ -5,7 +5,9 @@ import type { DnsLookup } from '../dns/types.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 import { isId, newId } from '../ids.js';
 import { TEST_EVENT_TYPE } from './events.js';
+import { lockForTransaction } from '../db/queries.js';
 import {
+  countEndpoints,
   deleteEndpoint,
   findEndpoint,
   hasMessage,
@@ -28,6 +30,8 @@ export interface WebhookDeps {
   dns: DnsLookup;
   /** WEBHOOK_ALLOW_PRIVATE_URLS. */
   allowPrivateUrls: boolean;
+  /** MAX_WEBHOOKS_PER_ORGANIZATION (the API's and the dashboard's routes); none when not given. */
+  maxEndpoints?: number;
 }
 
 export interface Webhook {
@@ -88,13 +92,18 @@ async function endpointOf(em: EntityManager, organizationId: string, id: string)
 export async function createWebhook(deps: WebhookDeps, organizationId: string, input: CreateWebhookInput): Promise<Webhook & { secret: string }> {
   await checkUrl(deps, input.url);
   const secret = newWebhookSecret();
-  const row = await insertEndpoint(deps.em, {
-    id: newId('whk'),
-    organizationId,
-    url: input.url,
-    events: input.events,
-    description: input.description ?? null,
-    secretSealed: deps.box.seal(secret),
+  // A worker serves 64 endpoints at once, one job each: an organization's dead endpoints
+  // (each holding its slot 10 s a post) must never take every slot from other organizations'.
+  const row = await deps.em.transactional(async (tx) => {
+    const max = deps.maxEndpoints ?? Number.POSITIVE_INFINITY;
+    if (Number.isFinite(max)) await lockForTransaction(tx, `webhook-cap:${organizationId}`);
+    const count = Number.isFinite(max) ? await countEndpoints(tx, organizationId) : 0;
+    if (count >= max) {
+      throw new ValidationError(`url: this organization has ${count} webhook endpoints, the most allowed (MAX_WEBHOOKS_PER_ORGANIZATION); delete one first`, [
+        { path: 'url', message: 'too many webhook endpoints in this organization' },
+      ]);
+    }
+    return insertEndpoint(tx, { id: newId('whk'), organizationId, url: input.url, events: input.events, description: input.description ?? null, secretSealed: deps.box.seal(secret) });
   });
   return { ...toWebhook(row), secret };
 }
