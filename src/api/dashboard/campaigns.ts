@@ -1,5 +1,4 @@
 import { z } from 'zod';
-import { renderCampaignTemplate } from '../../shared/campaigns/content.js';
 import {
   campaignDeps,
   createCampaign,
@@ -12,6 +11,7 @@ import {
   type CampaignView,
 } from '../../shared/campaigns/service.js';
 import { listSenders } from '../../shared/domains/senders.js';
+import type { RenderPool } from '../../shared/emails/render-pool.js';
 import { ValidationError } from '../../shared/errors.js';
 import { CreateBody, PatchBody, SendBody } from '../routes/campaigns.js';
 import type { App } from '../types.js';
@@ -60,6 +60,7 @@ function enteredFrom(form: Record<string, string>): Entered {
 }
 
 async function editor(
+  render: RenderPool,
   organizationId: string,
   em: Parameters<typeof listSenders>[0],
   user: PageUser,
@@ -94,13 +95,14 @@ async function editor(
 </form>
 <section aria-labelledby="live-h">
   <h2 id="live-h">Live preview</h2>
-  <div id="live-preview" aria-live="polite">${markdown ? '' : preview(c!.contentType, c!.content, c!.subject, c!.preview)}</div>
+  <div id="live-preview" aria-live="polite">${markdown ? '' : await preview(render, c!.contentType, c!.content, c!.subject, c!.preview)}</div>
 </section>
 </div>`;
 }
 
-function preview(contentType: CampaignView['campaign']['contentType'], content: unknown, subject: string, previewText: string | null) {
-  const rendered = renderCampaignTemplate({ contentType, content, subject, preview: previewText });
+/** Rendered in a render thread: the editor asks for it as its author types, up to 1 MiB of content. */
+async function preview(render: RenderPool, contentType: CampaignView['campaign']['contentType'], content: unknown, subject: string, previewText: string | null) {
+  const rendered = await render.campaign({ contentType, content, subject, preview: previewText });
   return html`<iframe class="preview" sandbox="" title="Preview of the campaign email" srcdoc="${rendered.html}"></iframe>`;
 }
 
@@ -131,13 +133,13 @@ ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Open
 
   app.get('/app/campaigns/new', { schema: { hide: true } }, async (request, reply) => {
     const { caller, user } = signedIn(request, 'campaigns');
-    return sendPage(reply, page({ title: 'New campaign', active: 'campaigns', user }, await editor(caller.organizationId, request.em, user, null)));
+    return sendPage(reply, page({ title: 'New campaign', active: 'campaigns', user }, await editor(services.render, caller.organizationId, request.em, user, null)));
   });
 
   app.post('/app/campaigns/preview', { schema: { hide: true } }, async (request, reply) => {
     signedIn(request, 'campaigns');
     const form = formOf(request);
-    return sendPage(reply, preview('MARKDOWN', form.content ?? '', form.subject ?? '', optional(form.preview) ?? null));
+    return sendPage(reply, await preview(services.render, 'MARKDOWN', form.content ?? '', form.subject ?? '', optional(form.preview) ?? null));
   });
 
   app.post('/app/campaigns', { schema: { hide: true } }, async (request, reply) => {
@@ -149,7 +151,7 @@ ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Open
     } catch (error) {
       if (!(error instanceof ValidationError)) throw error;
       // Nothing was created: the editor again, as it was filled in, with the reason.
-      const body = await editor(caller.organizationId, request.em, user, null, enteredFrom(form));
+      const body = await editor(services.render, caller.organizationId, request.em, user, null, enteredFrom(form));
       return sendPage(reply, page({ title: 'New campaign', active: 'campaigns', user, error: error.message }, body), error.statusCode);
     }
     return reply.redirect(`/app/campaigns/${created.campaign.id}?notice=created`, 303);
@@ -165,9 +167,9 @@ ${table('Campaigns', ['Name', 'Status', 'Scheduled', 'Recipients', 'Sent', 'Open
   <dt>Sent / opened / clicked</dt><dd>${c.emailsSentCount} / ${c.emailsOpenedCount} / ${c.emailsClickedCount}</dd>
   <dt>Sender</dt><dd>${view.sender ? `${view.sender.name} <${view.sender.email}>` : 'none'}</dd>
 </dl>`;
-    if (c.status !== 'DRAFT') return html`${facts}<h2>Message</h2><p>${c.subject}</p>${preview(c.contentType, c.content, c.subject, c.preview)}`;
+    if (c.status !== 'DRAFT') return html`${facts}<h2>Message</h2><p>${c.subject}</p>${await preview(services.render, c.contentType, c.content, c.subject, c.preview)}`;
     return html`${facts}
-${await editor(organizationId, em, user, view, entered)}
+${await editor(services.render, organizationId, em, user, view, entered)}
 <h2>Send a test</h2>
 <form method="post" action="/app/campaigns/${c.id}/test" class="inline">
   ${csrfField(user)}

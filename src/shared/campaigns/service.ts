@@ -14,7 +14,7 @@ import type { Redis } from 'ioredis';
 import type { Config } from '../config.js';
 import { assertSendingAllowed, takeTestSend, type PolicyConfig } from '../domains/sending-policy.js';
 import type { RenderPool } from '../emails/render-pool.js';
-import { hasUnsubscribeLink, normalizeContent } from './content.js';
+import { normalizeContent } from './content.js';
 import { ContentTooDeepError } from '../emails/render.js';
 import { countRecipients, deleteCampaignRows, scheduleDraft } from './queries.js';
 import { fillHtml, fillSubject, fillText, TEST_UNSUBSCRIBE_TOKEN, unsubscribeHeaders, unsubscribeUrl, variablesOf } from './personalize.js';
@@ -232,7 +232,7 @@ export interface Scheduled {
 /** docs/campaigns.md "API decisions": DRAFT -> SCHEDULED with recipientCount frozen; the delayed job is enqueued after commit. */
 export async function scheduleCampaign(
   em: EntityManager,
-  deps: { producer: QueueProducer; logger?: Logger; config: PolicyConfig },
+  deps: { producer: QueueProducer; logger?: Logger; config: PolicyConfig; render: Pick<RenderPool, 'unsubscribeLink'> },
   organizationId: string,
   id: string,
   input: ScheduleInput,
@@ -246,7 +246,7 @@ export async function scheduleCampaign(
 /** The checks of a send and the DRAFT's move to SCHEDULED, under the campaign's row lock (the caller's transaction). */
 async function scheduleLockedCampaign(
   em: EntityManager,
-  deps: { config: PolicyConfig },
+  deps: { config: PolicyConfig; render: Pick<RenderPool, 'unsubscribeLink'> },
   organizationId: string,
   id: string,
   input: ScheduleInput,
@@ -271,7 +271,9 @@ async function scheduleLockedCampaign(
   if (!campaign.subject.trim()) throw v400('subject', 'the campaign has no subject');
   let linked: boolean;
   try {
-    linked = hasUnsubscribeLink(campaign.contentType, campaign.content);
+    // Markdown rendered and HTML parsed in a render thread: up to 1 MiB of content, never on
+    // the API's event loop (every other request would wait for it).
+    linked = await deps.render.unsubscribeLink(campaign.contentType, campaign.content);
   } catch (error) {
     if (error instanceof ContentTooDeepError) throw v400('content', error.message.replace(/^content /, ''));
     throw error;

@@ -3,7 +3,8 @@ import type { SendMailOptions } from 'nodemailer';
 import type { CampaignTemplate } from '../campaigns/content.js';
 import { ServiceUnavailableError, ValidationError } from '../errors.js';
 import type { Composed } from './compose.js';
-import type { Rendered, RenderInput } from './render.js';
+import type { CampaignContentType } from '../db/entities/campaign.js';
+import { ContentTooDeepError, type Rendered, type RenderInput } from './render.js';
 import type { RenderAnswer, RenderTask } from './render-task.js';
 
 export interface RenderPoolOptions {
@@ -69,6 +70,18 @@ export class RenderPool {
     return this.run({ kind: 'campaign', campaign }) as Promise<CampaignTemplate>;
   }
 
+  /**
+   * Whether a campaign's content links to `{{unsubscribe_url}}` (campaigns/content.ts): its
+   * markdown rendered and its HTML parsed in a thread, off the API's event loop. Content nested
+   * too deep throws ContentTooDeepError, as on the event loop.
+   */
+  async unsubscribeLink(contentType: CampaignContentType, content: unknown): Promise<boolean> {
+    const answer = await this.submit({ kind: 'unsubscribe-link', contentType, content });
+    if (answer.ok) return answer.value as boolean;
+    if (answer.name === 'ContentTooDeepError') throw new ContentTooDeepError(answer.message);
+    throw new Error(`render failed: ${answer.name}: ${answer.message}`);
+  }
+
   /** The task's answer as the thread gave it (a failure as data), for a caller that redoes a failed task itself. */
   answer(task: { kind: 'email'; input: RenderInput }): Promise<RenderAnswer & ({ ok: false } | { value: Rendered })>;
   answer(task: { kind: 'compose'; mail: SendMailOptions }): Promise<RenderAnswer & ({ ok: false } | { value: Composed })>;
@@ -92,6 +105,7 @@ export class RenderPool {
   }
 
   private async run(task: RenderTask): Promise<Rendered | CampaignTemplate> {
+    // Never the boolean of an unsubscribe-link task: that has its own method.
     const answer = await this.submit(task);
     if (answer.ok) return answer.value as Rendered | CampaignTemplate;
     if (answer.name === 'ContentTooLargeError' || answer.name === 'ContentTooDeepError') throw new ValidationError(`content: ${answer.message}`, [{ path: 'content', message: answer.message }]);

@@ -19,7 +19,7 @@ port.on('message', ({ id, task }: { id: number; task: RenderTask }) => {
  * copy of each message in the process, not one in each thread awaiting collection.
  */
 function transferable(answer: RenderAnswer): ArrayBuffer[] {
-  if (!answer.ok || !('raw' in answer.value)) return [];
+  if (!answer.ok || typeof answer.value !== 'object' || !('raw' in answer.value)) return [];
   const { raw } = answer.value;
   return raw.byteOffset === 0 && raw.byteLength === raw.buffer.byteLength && raw.buffer instanceof ArrayBuffer ? [raw.buffer] : [];
 }

@@ -4,7 +4,7 @@ import { renderToHTMLString } from '@tiptap/static-renderer/pm/html-string';
 import StarterKit from '@tiptap/starter-kit';
 import { compile } from 'html-to-text';
 import juice from 'juice';
-import { Marked } from 'marked';
+import { Lexer, Marked, Tokenizer, type Tokens } from 'marked';
 import type { ContentKind } from '../db/entities/email.js';
 import { escapeHtml } from '../html.js';
 
@@ -95,8 +95,69 @@ export function nestedTooDeep(html: string): boolean {
   return false;
 }
 
+/**
+ * The characters marked's emphasis matching may scan in one parse. For each `*` or `_` that
+ * could open an emphasis, marked scans the rest of the paragraph for its closer: a paragraph
+ * of delimiters that never close (`_a_a_a…`) is scanned once per delimiter, in the square of
+ * its length (40,000 characters took 2 s; the content limit, about an hour). Past this budget
+ * (about 100 ms of scanning), the delimiters left in the parse are written as they are, as
+ * unmatched ones always are. A real email spends a fraction of it: a scan stops at its closer.
+ */
+const EMPHASIS_SCAN_BUDGET = 10_000_000;
+
+// What a parse has scanned so far, kept on its lexer (marked makes one per parse).
+type BudgetedLexer = { emphasisScanned?: number };
+
+/**
+ * GFM's inline rules with an email address's local part bounded to RFC 5321's 64 characters.
+ * marked looks for a bare address (`jane@example.com`, linked by GFM) at every step of a
+ * paragraph with `[…]+@`: where a long run of such characters has no `@` (`_a_a_a…`), each
+ * step scanned the rest of the run, in the square of its length (80,000 characters took 6 s).
+ * Bounded, a step scans 64 characters at most; every address that can exist is still linked.
+ */
+function boundedGfmInline(): typeof Lexer.rules.inline.gfm {
+  const gfm = Lexer.rules.inline.gfm;
+  const bound = (rule: RegExp, from: string, to: string) => {
+    if (!rule.source.includes(from)) throw new Error(`marked's GFM rule changed: ${from} not found`);
+    return new RegExp(rule.source.replaceAll(from, to), rule.flags);
+  };
+  return Object.freeze({
+    ...gfm,
+    text: bound(gfm.text, "`{\\|}~-]+@", "`{\\|}~-]{1,64}@"),
+    url: bound(gfm.url, '^[A-Za-z0-9._+-]+(@)', '^[A-Za-z0-9._+-]{1,64}(@)'),
+  });
+}
+const BOUNDED_GFM_INLINE = boundedGfmInline();
+
 // Configured once and holding no state between parses: shared by every render.
-const marked = new Marked({ gfm: true, breaks: false, async: false });
+const marked = new Marked({
+  gfm: true,
+  breaks: false,
+  async: false,
+  tokenizer: {
+    // The two rules that look for a bare address, bounded (a parse's rules are its own object).
+    url() {
+      this.rules.inline = BOUNDED_GFM_INLINE;
+      return false;
+    },
+    inlineText() {
+      this.rules.inline = BOUNDED_GFM_INLINE;
+      return false;
+    },
+    emStrong(src, maskedSrc, prevChar) {
+      const lexer = this.lexer as unknown as BudgetedLexer;
+      const scanned = lexer.emphasisScanned ?? 0;
+      if (scanned > EMPHASIS_SCAN_BUDGET) {
+        const delimiter = /^(?:\*+|_+)/.exec(src)?.[0];
+        return delimiter ? ({ type: 'text', raw: delimiter, text: delimiter } as unknown as Tokens.Em) : undefined;
+      }
+      const token = Tokenizer.prototype.emStrong.call(this, src, maskedSrc, prevChar);
+      // A match scanned up to its closer; a miss, the rest of the paragraph.
+      lexer.emphasisScanned = scanned + (token ? token.raw.length : src.length);
+      return token;
+    },
+  },
+});
 
 /**
  * The deepest markdown may nest block quotes and lists. The parser recurses into each level, and
@@ -287,6 +348,39 @@ export interface Rendered {
   text: string;
 }
 
+/**
+ * juice matches every selector of the `<style>` blocks against every element: its time is
+ * their product (4,000 rules and 4,000 elements, 80 KB, took two minutes). Past this many
+ * pairs (about a quarter of a second) the styles are left in their `<style>` block, as sent:
+ * Gmail, Apple Mail and Outlook apply it; only clients that ignore `<style>` lose them.
+ * A newsletter of 60 rules and 800 elements is half of it.
+ */
+export const INLINING_BUDGET = 100_000;
+
+/** Selectors in the `<style>` blocks (a comma or a rule's brace each, at most) times the elements. */
+export function inliningCost(html: string): number {
+  // One pass each, by indexOf: a regular expression over blocks that never close would scan
+  // the rest of the text once per `<style`.
+  const lower = html.toLowerCase();
+  let selectors = 0;
+  for (let open = lower.indexOf('<style'); open !== -1; ) {
+    const body = lower.indexOf('>', open);
+    const close = body === -1 ? -1 : lower.indexOf('</style', body);
+    if (close === -1) break;
+    for (let i = body; i < close; i++) {
+      const c = lower.charCodeAt(i);
+      if (c === 0x7b /* { */ || c === 0x2c /* , */) selectors++;
+    }
+    open = lower.indexOf('<style', close);
+  }
+  let elements = 0;
+  for (let i = lower.indexOf('<'); i !== -1; i = lower.indexOf('<', i + 1)) {
+    const c = lower.charCodeAt(i + 1);
+    if (c >= 0x61 && c <= 0x7a) elements++;
+  }
+  return selectors * elements;
+}
+
 /** Throws ContentTooLargeError when a content part is over MAX_CONTENT_CHARS. */
 export function assertContentSize(...parts: Array<string | null | undefined>): void {
   for (const part of parts) if (part && part.length > MAX_CONTENT_CHARS) throw new ContentTooLargeError(part.length);
@@ -304,7 +398,7 @@ export function renderChecked(input: RenderInput): Rendered {
     // The client's own HTML is kept as written: only the preheader is added and any <style>
     // block inlined (juice keeps media queries in the <style>).
     let html = withPreheader(input.content, input.preview);
-    if (/<style[\s>]/i.test(html)) html = juice(html);
+    if (/<style[\s>]/i.test(html) && inliningCost(html) <= INLINING_BUDGET) html = juice(html);
     return { html, text: input.text ?? htmlToText(html) };
   }
   const body = input.contentKind === 'markdown' ? markdownToHtml(input.content) : tiptapToHtml(JSON.parse(input.content) as JSONContent);
