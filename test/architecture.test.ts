@@ -93,3 +93,24 @@ describe('architecture: one data-access shape', () => {
     expect(offenders, `SQL outside the data-access modules:\n${offenders.join('\n')}`).toEqual([]);
   });
 });
+
+describe('comments cite the project, not documents a reader of the repository does not have', () => {
+  // A section number of the spec, the contract or the style guide: the project's docs/*.md
+  // say the same in their own words.
+  const citation = /\b(?:spec|contract|style)(?: section)? ?\d+(?:\.\d+)?\b/i;
+
+  it('no file of src/, test/, bench/ or scripts/ names a section of the spec, the contract or the style guide', () => {
+    const offenders: string[] = [];
+    for (const dir of ['src', 'test', 'bench', 'scripts']) {
+      for (const path of sourceFiles(join(root, dir))) {
+        readFileSync(path, 'utf8')
+          .split('\n')
+          .forEach((line, i) => {
+            // RFC sections and JSON-RPC's version are another matter.
+            if (citation.test(line) && !/rfc|json-?rpc/i.test(line)) offenders.push(`${relative(root, path)}:${i + 1}: ${line.trim()}`);
+          });
+      }
+    }
+    expect(offenders).toEqual([]);
+  });
+});

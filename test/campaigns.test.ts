@@ -139,7 +139,7 @@ describe('POST/GET /api/v2/campaigns (docs/campaigns.md)', () => {
     expect(page1.json().data.map((c: { id: string }) => c.id)).toEqual([ids[2], ids[1]]);
     const page2 = await api('GET', `/campaigns?limit=2&after=${ids[1]}`, undefined, other.token);
     expect(page2.json()).toMatchObject({ has_more: false, data: [{ id: ids[0] }] });
-    // `before` pages back towards the newest, still newest first (spec 9.2).
+    // `before` pages back towards the newest, still newest first (docs/foundation.md "Identifiers, time and lists").
     const back = await api('GET', `/campaigns?limit=1&before=${ids[0]}`, undefined, other.token);
     expect(back.json()).toMatchObject({ has_more: true, data: [{ id: ids[1] }] });
     const newest = await api('GET', `/campaigns?limit=5&before=${ids[0]}`, undefined, other.token);
@@ -344,7 +344,7 @@ describe('POST /api/v2/campaigns/:id/send (docs/campaigns.md "API decisions")', 
     expect(again.json().details[0].path).toBe('status');
   });
 
-  it('sends now with no body at all, and takes null as absent (spec 4.11: both fields optional)', async () => {
+  it('sends now with no body at all, and takes null as absent (docs/campaigns.md: both fields optional)', async () => {
     // Sent to nobody (a tag no subscriber has): the sink of the tests below counts its messages.
     const nobody = [{ type: 'tag', op: 'has', value: 'nobody-has-this-tag' }];
     const bare = await createCampaign({ content: `Hi${UNSUB_MD}`, recipientFilters: nobody });

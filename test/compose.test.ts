@@ -4,7 +4,7 @@ import { parse } from 'yaml';
 import { loadConfig } from '../src/shared/config.js';
 
 /**
- * docker-compose.yml, read (no Docker engine runs it here). Contract 1: the quick start
+ * docker-compose.yml, read (no Docker engine runs it here). README "Quick start": the quick start
  * `npm install && npm start` works "after `docker compose up -d`", with npm start's defaults.
  */
 interface Service {

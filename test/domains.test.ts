@@ -346,7 +346,7 @@ describe('verification (docs/domains.md "Verification")', () => {
     expect((await api('POST', `/domains/${created.id}/verify`)).json().status).toBe('PENDING');
   });
 
-  it('fails after 72 hours pending when a record could not be looked up all along (contract 12), not pending for ever', async () => {
+  it('fails after 72 hours pending when a record could not be looked up all along (docs/domains.md), not pending for ever', async () => {
     const created = await addDomain('lame.example');
     publish(created.dnsRecords);
     dnsServer.set(created.dnsRecords.find((r) => r.purpose === 'dkim')!.name, { servfail: true });

@@ -152,7 +152,7 @@ describe('Idempotency-Key (docs/emails.md "Idempotency-Key")', () => {
     const running = results.filter((r) => r.statusCode === 409);
     expect(ok.length + running.length).toBe(8);
     expect(ok.length).toBeGreaterThanOrEqual(1);
-    // Eight at once: some arrive while the first runs (contract 4).
+    // Eight at once: some arrive while the first runs (docs/emails.md "Idempotency-Key").
     expect(running.length).toBeGreaterThanOrEqual(1);
     for (const r of running) expect(r.json()).toMatchObject({ name: 'idempotency_conflict', message: expect.stringMatching(/still being processed/) });
     expect(new Set(ok.map((r) => r.json().id)).size).toBe(1);

@@ -68,7 +68,7 @@ describe('malformed requests (docs/foundation.md "Errors")', () => {
 
   it('refuses a body nested deeper than 512 levels as a validation error in the status of the route (it overflowed the stack: 500)', async () => {
     const nested = (depth: number) => `${'{"n":'.repeat(depth)}1${'}'.repeat(depth)}`;
-    // POST /events answers its validation errors 400 (spec 4.17); a deep `data` was a 500.
+    // POST /events answers its validation errors 400 (docs/audience.md "Events"); a deep `data` was a 500.
     const event = await ctx.app.inject({
       method: 'POST',
       url: '/api/v2/events',

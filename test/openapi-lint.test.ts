@@ -71,7 +71,7 @@ describe('the OpenAPI document (README.md "API overview")', () => {
     expect(send.description).toContain('Permission: `send`.');
     expect(send.responses['400']!.description).toMatch(/^validation_error/);
     expect(send.responses['403']!.description).toMatch(/^missing_permission/);
-    // Spec 4.12 and 4.13: the two email reads answer 403 validation_error.
+    // docs/agents.md: the two email reads answer 403 validation_error.
     expect(op('/api/v2/emails', 'get').responses['403']!.description).toMatch(/^validation_error/);
     expect(op('/api/v2/emails/{id}', 'get').responses['403']!.description).toMatch(/^validation_error/);
     const events = op('/api/v2/events', 'post');
@@ -80,7 +80,7 @@ describe('the OpenAPI document (README.md "API overview")', () => {
     // Validation errors are 400 there: no 422 but the one the route names (the sending policy).
     expect(events.responses['422']).toBeUndefined();
     expect(send.responses['422']).toBeDefined();
-    // Campaign send takes no body at all (spec 4.11).
+    // Campaign send takes no body at all (docs/campaigns.md "API decisions").
     expect((send as unknown as { requestBody: { required?: boolean } }).requestBody.required).toBe(false);
     // A route with no permission of its own names none.
     expect(op('/api/v2/tools', 'get').responses['403']!.description).not.toMatch(/needed/);

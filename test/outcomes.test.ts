@@ -154,7 +154,7 @@ describe('lifecycle over SMTP', () => {
     expect(history?.proven_at).toBeTruthy();
   });
 
-  it('an open proves the mailbox of an email that went to it alone (contract 13), not of one with a copy', async () => {
+  it('an open proves the mailbox of an email that went to it alone (docs/security.md), not of one with a copy', async () => {
     const proven = async (address: string) =>
       (await sql<{ proven_at: Date | null }>(`select proven_at from verification_history where email = ?`, [address]))[0]?.proven_at ?? null;
     const alone = await send('alone@example.com');

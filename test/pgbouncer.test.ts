@@ -18,7 +18,7 @@ import { runCli } from './helpers/process.js';
 import { until } from './helpers/until.js';
 
 /**
- * DATABASE_URL through PgBouncer in transaction pooling mode (contract 22). PgBouncer before
+ * DATABASE_URL through PgBouncer in transaction pooling mode (README "Running in production"). PgBouncer before
  * 1.21 does not track prepared statements, so with DATABASE_PREPARED_STATEMENTS=false every
  * hot statement goes unnamed (docs/operations.md "PostgreSQL"). Debian's pgbouncer; .ci/run
  * installs it.

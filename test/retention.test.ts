@@ -109,7 +109,7 @@ describe('purge-expired (docs/operations.md "Retention")', () => {
     expect(await exists('emails', kept)).toBe(true);
   });
 
-  it('keeps webhook deliveries 30 days whatever EMAIL_RETENTION_DAYS says, and everything else for EMAIL_RETENTION_DAYS (contract 21)', () => {
+  it('keeps webhook deliveries 30 days whatever EMAIL_RETENTION_DAYS says, and everything else for EMAIL_RETENTION_DAYS (docs/operations.md "Retention")', () => {
     for (const emailRetentionDays of [7, 30, 90]) {
       const config = { ...ctx.services.config, emailRetentionDays };
       const days = Object.fromEntries(PURGE_TARGETS.map((t) => [t.name, t.retentionDays(config)]));

@@ -9,7 +9,7 @@ import { until } from './helpers/until.js';
  * The global verification history (docs/security.md): every copy of an email carries the
  * same pixel and links (a bcc to oneself), so an open or a click of an email with a copy says
  * nothing about the `to` address. Only the provider's delivery, bounces, complaints, and the
- * opens and clicks of an email that went to its recipient alone (contract 13) feed it.
+ * opens and clicks of an email that went to its recipient alone (docs/security.md) feed it.
  */
 const SECRET = 'provider-webhook-secret';
 let ctx: TestContext;
@@ -53,7 +53,7 @@ describe('global verification history', () => {
     expect(await proven('ceo@victim.example')).toBeNull();
   });
 
-  it('an open or a click of an email that went to its recipient alone proves the address (contract 13)', async () => {
+  it('an open or a click of an email that went to its recipient alone proves the address (docs/security.md)', async () => {
     const { id } = await sentEmail('reader-alone@example.net');
     await engage(id);
     expect(await proven('reader-alone@example.net')).not.toBeNull();

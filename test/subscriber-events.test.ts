@@ -51,7 +51,7 @@ describe('POST /api/v2/events (docs/audience.md "Events")', () => {
     expect(page.has_more).toBe(true);
     const next = (await api('GET', `/subscribers/${s.id}/events?limit=1&after=${page.data[0].id}`)).json();
     expect(next.data[0].eventType).toBe('SUBSCRIBER_PAYMENT');
-    // `before` pages back up (spec 9.2), newest first; both cursors at once, or a bad one, are 422.
+    // `before` pages back up (docs/foundation.md "Identifiers, time and lists"), newest first; both cursors at once, or a bad one, are 422.
     const back = (await api('GET', `/subscribers/${s.id}/events?limit=1&before=${paid.json().id}`)).json();
     expect(back).toMatchObject({ has_more: false, data: [{ eventType: 'SUBSCRIBER_REFUND' }] });
     expect((await api('GET', `/subscribers/${s.id}/events?before=${paid.json().id}&after=${paid.json().id}`)).statusCode).toBe(422);

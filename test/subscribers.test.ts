@@ -286,7 +286,7 @@ describe('GET, PATCH and list (docs/audience.md)', () => {
     expect(page2.data.map((s: { id: string }) => s.id)).toEqual([ids[2], ids[1]]);
     const page3 = (await api('GET', `/subscribers?limit=2&after=${ids[1]}`, undefined, org.token)).json();
     expect(page3).toMatchObject({ has_more: false, data: [{ id: ids[0] }] });
-    // `before` pages back up (spec 9.2): the `limit` just newer than the cursor, newest first.
+    // `before` pages back up (docs/foundation.md "Identifiers, time and lists"): the `limit` just newer than the cursor, newest first.
     const back = (await api('GET', `/subscribers?limit=2&before=${ids[1]}`, undefined, org.token)).json();
     expect(back).toMatchObject({ has_more: true, data: [{ id: ids[3] }, { id: ids[2] }] });
     const top = (await api('GET', `/subscribers?limit=2&before=${ids[2]}`, undefined, org.token)).json();

@@ -65,7 +65,7 @@ describe('tags (docs/audience.md)', () => {
     expect((await api('GET', '/tags/old%20name')).statusCode).toBe(404);
   });
 
-  it('accepts triggerWorkflows on a create and a rename (spec 6.3), and a wrong type is 422', async () => {
+  it('accepts triggerWorkflows on a create and a rename (docs/audience.md "Workflows"), and a wrong type is 422', async () => {
     const created = await api('POST', '/tags', { name: 'flows', triggerWorkflows: true });
     expect(created.statusCode, created.body).toBe(200);
     const renamed = await api('PATCH', `/tags/${created.json().id}`, { name: 'flows2', triggerWorkflows: false });

@@ -376,7 +376,7 @@ describe('verify_email', () => {
     // Permission before the arguments, as on the endpoint: arguments that fail the schema too.
     const bad = await runBoth(ctx, clients, narrow, 'verify_email', {});
     expect(bad).toMatchObject({ statusCode: 403, body: { name: 'missing_permission' } });
-    // The email reads answer their 403 named validation_error (spec 5.3), bad arguments or not.
+    // The email reads answer their 403 named validation_error (docs/agents.md), bad arguments or not.
     const badId = await runBoth(ctx, clients, narrow, 'get_email', { id: 42 });
     expect(badId).toMatchObject({ statusCode: 403, body: { name: 'validation_error' } });
     const badList = await runBoth(ctx, clients, narrow, 'list_emails', { after: '' });

@@ -45,7 +45,7 @@ describe('v1 envelope', () => {
   });
 
   it('wraps an unknown v1 path as 404 and leaves v2-only paths out', async () => {
-    // The paths spec 9.6 names without shapes answer the same (docs/agents.md).
+    // The paths v1 names without shapes answer the same (docs/agents.md).
     for (const url of ['/nope', '/domains', '/tokens', '/tools', '/integrations/zapier', '/admin/tools']) {
       const res = await v1('GET', url);
       expect(res.statusCode).toBe(404);
@@ -171,7 +171,7 @@ describe('POST /api/v1/emails (send)', () => {
     const res = await v1('POST', '/emails', { ...base, content: 'x' }, narrow);
     expect(res.statusCode).toBe(403);
     expect(res.json()).toMatchObject({ success: false, error: { name: 'missing_permission', statusCode: 403 } });
-    // Permission before v1's own validation, as v2 orders them (spec 5.3): a bad body, a bad query.
+    // Permission before v1's own validation, as v2 orders them (docs/agents.md): a bad body, a bad query.
     expect((await v1('POST', '/emails', { from: 'a@acme.test' }, narrow)).statusCode).toBe(403);
     const campaignsOnly = (await v2('POST', '/tokens', { name: 'campaigns only', permissions: ['campaigns'] })).json().token;
     expect((await v1('GET', '/subscribers?limit=0', undefined, campaignsOnly)).statusCode).toBe(403);

@@ -51,9 +51,9 @@ const ERROR_TEXT: Record<string, string> = {
 /** Error answers a route gives beyond what its shape implies, by "METHOD path". */
 const EXTRA_ERRORS: Record<string, string[]> = {
   'DELETE /api/v2/subscribers/{subscriber}': ['405'],
-  // An unknown subscriber, named in the body (spec 4.17).
+  // An unknown subscriber, named in the body (docs/audience.md "Events").
   'POST /api/v2/events': ['404'],
-  // A sender on a domain the sending policy refuses (contract 12); its other errors are 400.
+  // A sender on a domain the sending policy refuses (docs/security.md "The sending policy"); its other errors are 400.
   'POST /api/v2/campaigns/{campaignId}/send': ['422'],
   'POST /api/v2/emails': ['409'],
   'POST /api/v2/emails/batch': ['409'],

@@ -16,7 +16,7 @@ const booleanish = z
 /**
  * An integer variable in decimal digits (shared/whole-number.ts), then `refine`d (min, max, with
  * their own messages): Number() alone would take `0x10` or `1e3`, almost certainly typos,
- * silently (contract 2: an invalid value stops start-up).
+ * silently (docs/operations.md: an invalid value stops start-up).
  */
 const integer = (refine: (n: z.ZodNumber) => z.ZodNumber) => wholeNumber(refine(z.number().int()), { variable: true });
 
@@ -342,7 +342,7 @@ export function loadConfig(source: Record<string, string | undefined> = process.
     databasePreparedStatements: e.DATABASE_PREPARED_STATEMENTS,
     redisUrl: e.REDIS_URL,
     // In braces: a Redis Cluster hash tag, so every key of the installation (BullMQ's queues,
-    // whose scripts touch several keys at once, and ours) lands in one slot (contract 22).
+    // whose scripts touch several keys at once, and ours) lands in one slot (README "Running in production").
     redisPrefix: `{${e.REDIS_PREFIX}}`,
     host: e.HOST,
     port: e.PORT,

@@ -4,7 +4,7 @@ import { access, mkdir, readFile } from 'node:fs/promises';
 import { createSecureContext } from 'node:tls';
 
 /**
- * A start-up problem that names the setting to change (contract 2: a bad value stops the
+ * A start-up problem that names the setting to change (docs/operations.md: a bad value stops the
  * process with a message naming the variable). The process prints it as one line and exits 1
  * (boot.ts), like a configuration error, with no stack trace.
  */

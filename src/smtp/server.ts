@@ -95,7 +95,7 @@ export async function startSubmission(services: Services, options: SubmissionOpt
     authMethods: ['PLAIN', 'LOGIN'],
     authOptional: false,
     authRequiredMessage: replies.authRequired,
-    // Outside production AUTH is taken over plain text too (contract 19); in production it is
+    // Outside production AUTH is taken over plain text too (docs/smtp.md "Plain text"); in production it is
     // not offered before TLS (onConnect below).
     allowInsecureAuth: true,
     // The limit is enforced here (552 5.3.4), not by the library's reply without a status code.
@@ -174,7 +174,7 @@ export async function startSubmission(services: Services, options: SubmissionOpt
           if (raw === undefined) throw replies.malformed('Connection closed before the end of the message');
           if (stream.sizeExceeded) throw replies.tooBig(max);
           // Looked up again at the end of DATA (the cache, no query): a token revoked while the
-          // message was under way stores nothing (contract 16: refused within 2 seconds).
+          // message was under way stores nothing (docs/smtp.md: refused within 2 seconds).
           const caller = await sender(secret);
           if (!caller) throw replies.badCredentials();
           const message = await readSubmittedMessage(raw, envelopeTo);

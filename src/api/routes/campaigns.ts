@@ -211,7 +211,7 @@ export async function campaignsRoutes(app: App): Promise<void> {
         tags,
         summary: 'Send or schedule a campaign',
         params: Params,
-        // No body at all is "send now" (spec 4.11: both fields optional).
+        // No body at all is "send now" (docs/campaigns.md "API decisions": both fields optional).
         body: SendBody.nullish(),
         response: {
           200: z.object({

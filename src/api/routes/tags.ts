@@ -6,7 +6,7 @@ import type { App } from '../types.js';
 
 const TagShape = z.object({ id: z.string(), name: z.string() }).meta({ id: 'Tag' });
 const TagParams = z.object({ tag: z.string().min(1).describe('A tag id or its current name') });
-// Spec 6.3: tag writes accept `triggerWorkflows`. Creating or renaming a tag changes no
+// docs/audience.md "Workflows": tag writes accept `triggerWorkflows`. Creating or renaming a tag changes no
 // subscriber, so it fires nothing (docs/audience.md "Workflows").
 const TagBody = z.object({ name: TagName, triggerWorkflows: z.boolean().optional().describe('Accepted as on every tag write; no subscriber changes here, so no workflow fires') });
 

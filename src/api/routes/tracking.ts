@@ -111,7 +111,7 @@ const WEBHOOK_MAX_AGE_S = 600;
 export async function providerWebhookRoutes(app: App): Promise<void> {
   // This plugin's own JSON parser keeps the exact bytes that were signed. A body that is not
   // JSON goes on as undefined (JSON never parses to it), as the providers' routes do, so that
-  // the signature is checked first: 401 for an unsigned one, 400 `invalid_json` (contract 4)
+  // the signature is checked first: 401 for an unsigned one, 400 `invalid_json` (docs/foundation.md "Errors")
   // for a signed one.
   const raw = new WeakMap<FastifyRequest, Buffer>();
   app.removeContentTypeParser('application/json');

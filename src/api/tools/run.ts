@@ -25,7 +25,7 @@ export async function runTool(app: App, from: FastifyRequest, name: string, args
   const parsed = tool.inputSchema.safeParse(args ?? {});
   if (!parsed.success) {
     // A caller without the endpoint's permission gets the endpoint's 403 whatever the
-    // arguments (spec 5.3; permission comes before validation, as on v2): the endpoint says it.
+    // arguments (docs/agents.md; permission comes before validation, as on v2): the endpoint says it.
     const refused = holds(from.caller.permissions, tool.permission) ? undefined : requestFor(tool, args);
     if (refused) return dispatch(app, from, refused);
     const details = parsed.error.issues.map((issue) => ({

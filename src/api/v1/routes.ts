@@ -25,7 +25,7 @@ interface Mirror {
   list?: 'cursor' | 'all';
   /**
    * The v2 twin's permission, for a path v1 validates itself (its list query): checked first,
-   * so a token without it gets the twin's 403 before any 422 of v1's own (spec 5.3).
+   * so a token without it gets the twin's 403 before any 422 of v1's own (docs/agents.md).
    */
   permission?: Permission;
 }
@@ -37,7 +37,7 @@ const MIRRORED: Mirror[] = [
   { method: 'GET', path: '/subscribers', list: 'cursor', permission: 'subscribers' },
   { method: 'GET', path: '/subscribers/:subscriber' },
   { method: 'PATCH', path: '/subscribers/:subscriber' },
-  // Disabled as on v2: its 405 method_not_allowed, with Allow (contract 4), not an unknown path's 404.
+  // Disabled as on v2: its 405 method_not_allowed, with Allow (docs/foundation.md "Errors"), not an unknown path's 404.
   { method: 'DELETE', path: '/subscribers/:subscriber' },
   { method: 'POST', path: '/subscribers/:subscriber/unsubscribe' },
   { method: 'POST', path: '/subscribers/:subscriber/tags' },

@@ -265,7 +265,7 @@ async function scheduleLockedCampaign(
   if (scheduledAt.getTime() < now.getTime()) throw v400('scheduledAt', 'is in the past');
   if (!campaign.senderId) throw v400('senderId', 'the campaign has no sender; set senderId first');
   const sender = (await checkSender(em, organizationId, campaign.senderId, 400))!;
-  // Contract 12: a From the sending policy refuses is 422 on every path (the spec's 400s of a send are
+  // docs/security.md "The sending policy": a From it refuses is 422 on every path (the spec's 400s of a send are
   // the campaign's own: status, time, unsubscribe link).
   await assertSendingAllowed(em, deps.config, organizationId, sender.email, 'senderId', 422);
   if (!campaign.subject.trim()) throw v400('subject', 'the campaign has no subject');
@@ -324,7 +324,7 @@ export async function sendTestEmail(
   // Counted once the request is valid, before anything is rendered or written.
   await takeTestSend(deps.redis, deps.config, organizationId, now);
   // A test goes to an address that is not a subscriber: its unsubscribe link and headers (as
-  // every campaign email has them, contract 8) lead to a page saying that it was a test send.
+  // every campaign email has them, docs/campaigns.md) lead to a page saying that it was a test send.
   const testUnsubscribe = unsubscribeUrl(deps.publicUrl, TEST_UNSUBSCRIBE_TOKEN);
   const lookup = variablesOf({ id: '', email: to, name: null, fields: {} }, testUnsubscribe);
   // Test sends are rare and interactive: rendered now (in a render thread, never on the

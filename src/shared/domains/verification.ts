@@ -136,7 +136,7 @@ export function applyChecks(domain: Domain, checks: RecordCheck[], now: Date): v
     if (definitelyMissing.length > 0) next = 'PENDING';
   } else if (domain.status === 'PENDING') {
     const since = domain.pendingSince ?? now;
-    // Contract 12: FAILED after 72 hours pending, whatever kept it so: a name whose lookup has
+    // docs/domains.md "Verification": FAILED after 72 hours pending, whatever kept it so: a name whose lookup has
     // failed for three days (a lame delegation, a broken zone) is as unverified as a wrong record.
     if (now.getTime() - since.getTime() >= PENDING_LIMIT_MS) next = 'FAILED';
   }

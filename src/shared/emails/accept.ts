@@ -63,7 +63,7 @@ export async function insertEmails(db: EntityManager | Sql, inputs: NewEmail[], 
 export async function acceptRequests(em: EntityManager, requests: AcceptRequest[]): Promise<AcceptResult[]> {
   // The same key twice in one group: only the first is written. A repeat gets the first's
   // answer when that was an earlier, committed request's (the same ids, or 409 for another
-  // body); when the first is writing it now, the repeat arrived while it runs: 409 (contract 4).
+  // body); when the first is writing it now, the repeat arrived while it runs: 409 (docs/emails.md "Idempotency-Key").
   const firstOf = new Map<string, number>();
   const now: number[] = [];
   const repeats: Array<{ i: number; first: number }> = [];

@@ -59,7 +59,7 @@ export const idempotencyKeyLock = (organizationId: string, key: string) => `hash
  * request's ids as an array literal); each email row carries its request's key (null when
  * the request has none) and is inserted only when that key was claimed here.
  *
- * A key that another request is writing now is never waited for (contract 4: 409 while the
+ * A key that another request is writing now is never waited for (docs/emails.md "Idempotency-Key": 409 while the
  * first runs). Each key is first taken as a transaction-scoped advisory lock, without
  * waiting; a key whose lock another statement holds is left out and returned as not
  * claimed, and that request is answered 409 at once. The writer of a key row holds its lock

@@ -57,7 +57,7 @@ export interface FirstEngagement {
   /** The campaign whose counters it moves: a campaign email's, not a test send's (source `test`). */
   campaign_id: string | null;
   /**
-   * The bare `to` address this engagement proves a mailbox for (contract 13), or null: only an
+   * The bare `to` address this engagement proves a mailbox for (docs/security.md), or null: only an
    * email handed over to its one recipient (no cc, no bcc: no other copy carries its pixel and
    * links, a bcc to oneself included) and not bounced.
    */

@@ -210,7 +210,7 @@ export async function writeHits(em: EntityManager, hits: TrackingHit[], known?: 
     for (const row of rows) if (row.campaign_id) perCampaign.set(row.campaign_id, (perCampaign.get(row.campaign_id) ?? 0) + 1);
     for (const [campaignId, count] of perCampaign) await recordCampaignEngagement(em, campaignId, kind, count);
   }
-  // Contract 13: an open or a click proves the mailbox of an email that went to it alone
+  // docs/security.md (the global verification history): an open or a click proves the mailbox of an email that went to it alone
   // (docs/security.md: with a cc or a bcc, another copy carries the same pixel and links, and a
   // tenant could mark any address deliverable for every organization with a bcc to itself).
   const proven = new Map<string, HistoryOutcomes>();

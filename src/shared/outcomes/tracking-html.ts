@@ -280,7 +280,7 @@ function isTrackable(url: string, publicUrl: string): boolean {
   const lower = url.toLowerCase();
   // The service's own links (unsubscribe, tracking, double opt-in confirmation, any page of
   // it) go where they say: a confirmation link is the address the subscriber is asked to
-  // open (contract 6), and a redirect through the service to itself tracks nothing.
+  // open (docs/outcomes.md "Tracking at send time"), and a redirect through the service to itself tracks nothing.
   if (lower.startsWith(`${own}/`)) return false;
   return true;
 }

@@ -51,13 +51,13 @@ export interface SubmittedMessage {
 /** RFC 5322 2.1.1: a line is at most 998 characters, CRLF excluded. */
 const MAX_LINE = 998;
 const MAX_TAGS = 50;
-// The API's bound on cc and on reply_to (contract 9).
+// The API's bound on cc and on reply_to (docs/emails.md "Validation").
 const MAX_ADDRESSES = 50;
 // Parts that sit beside the text and HTML in multipart/alternative when they come without a
 // Content-Disposition: an invitation (RFC 6047, as Outlook, Google Calendar and nodemailer's
 // icalEvent write it) and AMP for Email. Delivered as an attachment, clients show no invitation.
 const ALTERNATIVE_TYPES = new Set(['text/calendar', 'text/x-amp-html']);
-// The API's bound on a subject (contract 9), in characters once unfolded.
+// The API's bound on a subject (docs/emails.md "Validation"), in characters once unfolded.
 const MAX_SUBJECT = 998;
 const TAG_PART = /^[A-Za-z0-9_-]{1,256}$/;
 
@@ -231,7 +231,7 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
     throw replies.malformed('Message must have a From header with exactly one valid address');
   }
   const from = formatMailbox(fromList[0]!);
-  // Unfolded, the API's bound (contract 9): a folded Subject may run past it with no line
+  // Unfolded, the API's bound (docs/emails.md "Validation"): a folded Subject may run past it with no line
   // over 998. A message without one is taken with an empty subject (RFC 5322 makes it optional).
   const subject = (mail.subject ?? '').replace(/[\r\n]+/g, ' ');
   if (subject.length > MAX_SUBJECT) throw replies.malformed(`Subject is longer than ${MAX_SUBJECT} characters (the API's limit)`);
@@ -261,7 +261,7 @@ export async function readSubmittedMessage(raw: Buffer, envelopeTo: string[]): P
   const listed = [...toList, ...ccList].map(formatMailbox);
   const to = listed.shift() ?? envelopeOnly.shift()!;
   const replyTo = mailboxes(mail.replyTo).map(formatMailbox);
-  // The API's bounds (contract 9): what the API refuses is not taken over SMTP either.
+  // The API's bounds (docs/emails.md "Validation"): what the API refuses is not taken over SMTP either.
   if (listed.length > MAX_ADDRESSES) throw replies.malformed(`To and Cc: at most ${MAX_ADDRESSES + 1} addresses (the API's to and cc)`);
   if (replyTo.length > MAX_ADDRESSES) throw replies.malformed(`Reply-To: at most ${MAX_ADDRESSES} addresses (the API's reply_to)`);
 

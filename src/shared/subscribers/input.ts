@@ -50,7 +50,7 @@ export const FIELDS_MAX = 100;
 export const FIELD_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
 export const FIELD_VALUE_MAX = 10_000;
 
-// The tag paths read `:tag` as an id first (spec 4.7: "an id or the current name"): a name in
+// The tag paths read `:tag` as an id first (docs/audience.md: "an id or the current name"): a name in
 // the form of a tag id could name two tags, and its own would be out of reach.
 const ID_FORM = 'must not be in the form of a tag id (tag_ and 26 characters), which the tag paths read as an id';
 
