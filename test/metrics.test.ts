@@ -45,6 +45,23 @@ describe('GET /metrics (docs/operations.md "Metrics")', () => {
     expect(body).not.toContain('eml_123');
   });
 
+  it('counts a v1 call and a tool call once, not their v2 dispatches again', async () => {
+    const tags = { method: 'GET', route: '/api/v2/tags', status_code: '200' };
+    const campaigns = { method: 'GET', route: '/api/v2/campaigns', status_code: '200' };
+    let body = await scrape();
+    const before = { tags: sample(body, 'mailroom_http_requests_total', tags) ?? 0, campaigns: sample(body, 'mailroom_http_requests_total', campaigns) ?? 0 };
+    expect((await ctx.app.inject({ url: '/api/v1/tags', headers: bearer(token) })).statusCode).toBe(200);
+    expect((await ctx.app.inject({ method: 'POST', url: '/api/v2/tools/list_campaigns', headers: bearer(token), payload: {} })).statusCode).toBe(200);
+    body = await scrape();
+    expect(sample(body, 'mailroom_http_requests_total', { route: '/api/v1/tags', status_code: '200' })).toBe(1);
+    expect(sample(body, 'mailroom_http_requests_total', { route: '/api/v2/tools/:name', status_code: '200' })).toBe(1);
+    expect(sample(body, 'mailroom_http_requests_total', tags) ?? 0).toBe(before.tags);
+    expect(sample(body, 'mailroom_http_requests_total', campaigns) ?? 0).toBe(before.campaigns);
+    // A client's own v2 request is counted.
+    await ctx.app.inject({ url: '/api/v2/tags', headers: bearer(token) });
+    expect(sample(await scrape(), 'mailroom_http_requests_total', tags)).toBe(before.tags + 1);
+  });
+
   it('reports jobs per queue and state for every queue of the registry', async () => {
     const queue = ctx.services.producer.queue('maintenance');
     await queue.add('purge-expired', {}, { jobId: 'metrics-waiting-1' });

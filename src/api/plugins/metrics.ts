@@ -2,6 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Metrics } from '../../shared/metrics.js';
 import type { App } from '../types.js';
 import { METRICS_LOCAL_ONLY, metricsAccess, OPERATOR_CHALLENGE, OPERATOR_USER } from '../../shared/operator-auth.js';
+import { isDispatched } from '../tools/dispatch.js';
 import { errorBody } from './errors.js';
 
 /** One answer in the HTTP metrics, by route pattern (never the raw URL) and status. */
@@ -24,8 +25,11 @@ export function countAnswer(metrics: Metrics, request: FastifyRequest, reply: Fa
 export function registerMetrics(app: App): void {
   const { metrics, config } = app.services;
 
-  // No route matched (404): one series for all of them.
-  app.addHook('onResponse', async (request, reply) => countAnswer(metrics, request, reply, request.routeOptions.url ?? 'unmatched'));
+  // No route matched (404): one series for all of them. A request dispatched in-process (the
+  // v2 twin of a v1 call, a tool call, an MCP call) is part of its client's request, counted once.
+  app.addHook('onResponse', async (request, reply) => {
+    if (!isDispatched(request)) countAnswer(metrics, request, reply, request.routeOptions.url ?? 'unmatched');
+  });
 
   app.get(
     '/metrics',

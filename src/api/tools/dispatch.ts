@@ -42,6 +42,19 @@ const PAID = randomBytes(16).toString('hex');
 // Set on an outer request once it has dispatched its first request.
 const DISPATCHED = Symbol('dispatched');
 
+/**
+ * Marks every request this process dispatches, so that the HTTP metrics count the client's
+ * request once (a v1 call, a tool call, an MCP batch) and not its dispatches again. As
+ * DISPATCH_HEADER: a random value of this process, never forwarded from a client.
+ */
+const INNER_HEADER = 'x-mailroom-inner';
+const INNER = randomBytes(16).toString('hex');
+
+/** Whether `request` was dispatched by this process (a tool's, a v1 path's or an MCP call's v2 request). */
+export function isDispatched(request: FastifyRequest): boolean {
+  return request.headers[INNER_HEADER] === INNER;
+}
+
 /** Whether the organization's limit was already counted for this request (its outer request's first). */
 export function organizationLimitPaid(request: FastifyRequest): boolean {
   return request.headers[DISPATCH_HEADER] === PAID;
@@ -68,6 +81,7 @@ export async function dispatch(app: App, from: FastifyRequest, target: EndpointR
   }
   // Set last, whatever the target asked for: the endpoint runs as the caller, and only as the caller.
   headers['x-request-id'] = from.id;
+  headers[INNER_HEADER] = INNER;
   const outer = from as FastifyRequest & { [DISPATCHED]?: true };
   if (!outer[DISPATCHED]) headers[DISPATCH_HEADER] = PAID;
   outer[DISPATCHED] = true;
