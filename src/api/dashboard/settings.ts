@@ -1,6 +1,4 @@
-import { Organization } from '../../shared/db/entities/index.js';
-import { NotFoundError } from '../../shared/errors.js';
-import { updateOrganization } from '../../shared/organizations/service.js';
+import { getOrganization, updateOrganization } from '../../shared/organizations/service.js';
 import type { App } from '../types.js';
 import { formOf, noticeOf, sendPage, signedIn, type DashboardContext } from './context.js';
 import { csrfField, html, page } from './html.js';
@@ -14,8 +12,7 @@ const SWITCHES = [
 export async function settingsPages(app: App, _ctx: DashboardContext): Promise<void> {
   app.get('/app/settings', { schema: { hide: true } }, async (request, reply) => {
     const { caller, user } = signedIn(request, 'settings');
-    const org = await request.em.findOne(Organization, { id: caller.organizationId });
-    if (!org) throw new NotFoundError('No organization');
+    const org = await getOrganization(request.em, caller.organizationId);
     const body = html`<dl class="facts"><dt>Organization</dt><dd>${org.name}</dd><dt>Id</dt><dd>${org.id}</dd></dl>
 <form method="post" action="/app/settings">
   ${csrfField(user)}

@@ -47,6 +47,13 @@ export interface UpdateOrganizationInput {
   trackClicks?: boolean;
 }
 
+/** An organization by id; NotFoundError when there is none (one deleted under a signed-in session). */
+export async function getOrganization(em: EntityManager, id: string): Promise<Organization> {
+  const organization = await em.findOne(Organization, { id });
+  if (!organization) throw new NotFoundError(`No organization ${id}`);
+  return organization;
+}
+
 export async function updateOrganization(em: EntityManager, id: string, input: UpdateOrganizationInput): Promise<Organization> {
   return em.transactional(async (tx) => {
     const organization = await tx.findOne(Organization, { id });
