@@ -96,10 +96,15 @@ export async function subscribersImport(config: Config, args: string[], usage: (
     // is broken (an unclosed quote, say) is refused with one line naming the problem before
     // anything is imported. Parsing is a small part of an import's cost (bench/README.md).
     const utf8 = utf8Check(file);
+    // The line the last whole row ended on: a quote that never closes opened in the row after it.
+    let lastRowLine = 1;
     try {
-      for await (const _ of open((chunk) => utf8.feed(chunk))) if (missingEmail) break;
+      for await (const { info } of open((chunk) => utf8.feed(chunk)) as AsyncIterable<{ info: { lines: number } }>) {
+        lastRowLine = info.lines;
+        if (missingEmail) break;
+      }
     } catch (error) {
-      throw utf8.problem() ?? brokenFile(file, error);
+      throw utf8.problem() ?? brokenFile(file, error, lastRowLine + 1);
     }
     // Bytes that are not UTF-8 explain a header the parser misread: said first.
     const notUtf8Yet = utf8.problem();
@@ -240,8 +245,14 @@ function utf8Check(file: string) {
   };
 }
 
-/** A file csv-parse cannot read, as one line: `FILE: Quote Not Closed: … at line 6`. */
-function brokenFile(file: string, error: unknown): Error {
+/**
+ * A file csv-parse cannot read, as one line. A quote never closed is reported where it
+ * opened (`rowLine`, the line its row starts on): the parser names the file's last line.
+ */
+function brokenFile(file: string, error: unknown, rowLine: number): Error {
+  if (error instanceof CsvError && error.code === 'CSV_QUOTE_NOT_CLOSED') {
+    return new AppError(422, 'invalid_csv', `${file} is not a valid CSV file: Quote Not Closed: the row starting at line ${rowLine} opens a quote that is never closed; nothing was imported`);
+  }
   if (error instanceof CsvError || error instanceof CsvHeaderError) return new AppError(422, 'invalid_csv', `${file} is not a valid CSV file: ${error.message}; nothing was imported`);
   return error instanceof Error ? error : new Error(String(error));
 }
