@@ -130,7 +130,11 @@ describe('unknown body fields: refused on every route, the same way', () => {
     expect(created.mailFormat).toBe('html');
     const patched = await ctx.app.inject({ method: 'PATCH', url: `/api/v2/campaigns/${created.id}`, headers: bearer(token), payload: { mailFormat: null } });
     expect(patched.statusCode).toBe(200);
+    // null is the default it already has: nothing changed, and updatedFields says so.
+    expect(patched.json().updatedFields).toEqual([]);
     const got = (await ctx.app.inject({ url: `/api/v2/campaigns/${created.id}`, headers: bearer(token) })).json();
     expect(got.mailFormat).toBe('html');
+    const [row] = await ctx.services.orm.em.fork().execute<{ mail_format: string | null }[]>('select mail_format from campaigns where id = ?', [created.id]);
+    expect(row!.mail_format).toBe('html');
   });
 });

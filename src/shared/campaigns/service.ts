@@ -169,7 +169,10 @@ async function patchLockedCampaign(em: EntityManager, organizationId: string, id
     }
   }
   await checkSender(em, organizationId, input.senderId);
-  const next: Record<string, unknown> = { ...input, content, contentType };
+  // A null mailFormat is the default, as at creation: stored and compared as such, so that
+  // `updatedFields` never lists a field whose value reads the same.
+  const mailFormat = input.mailFormat === null ? DEFAULT_MAIL_FORMAT : input.mailFormat;
+  const next: Record<string, unknown> = { ...input, content, contentType, mailFormat };
   const updatedFields: string[] = [];
   for (const field of PATCHABLE) {
     if ((input as Record<string, unknown>)[field] === undefined) continue;
