@@ -134,6 +134,10 @@ describe('webhook endpoints API', () => {
     expect(ftp.statusCode).toBe(422);
     expect(ftp.json().details[0].path).toBe('url');
 
+    const credentials = await api('POST', '/webhooks', { url: 'https://user:secret@example.com/hook', events: ['*'] });
+    expect(credentials.statusCode).toBe(422);
+    expect(credentials.json().details[0]).toMatchObject({ path: 'url', message: expect.stringMatching(/user name or password/) });
+
     const empty = await api('POST', '/webhooks', { url: `${receiver.url}/ok`, events: [] });
     expect(empty.statusCode).toBe(422);
     expect(empty.json().details[0].path).toBe('events');

@@ -30,6 +30,16 @@ const WebhookUrl = z
       return false;
     }
   }, 'must be an http or https URL')
+  // A password in the URL would be shown in every list of endpoints, to anyone with `settings`,
+  // and never sent (fetch refuses credentials in a URL): the signature is the endpoint's proof.
+  .refine((value) => {
+    try {
+      const url = new URL(value);
+      return url.username === '' && url.password === '';
+    } catch {
+      return true;
+    }
+  }, 'must not hold a user name or password: verify the webhook-signature header instead (docs/webhooks.md)')
   .meta({ pattern: '^\\s*[Hh][Tt][Tt][Pp][Ss]?:' })
   .describe('The endpoint; http or https');
 
