@@ -56,7 +56,7 @@ const MAX_ADDRESSES = 50;
 // Parts that sit beside the text and HTML in multipart/alternative when they come without a
 // Content-Disposition: an invitation (RFC 6047, as Outlook, Google Calendar and nodemailer's
 // icalEvent write it) and AMP for Email. Delivered as an attachment, clients show no invitation.
-const ALTERNATIVE_TYPES = new Set(['text/calendar', 'text/x-amp-html']);
+const ALTERNATIVE_TYPE = /^text\/(?:calendar|x-amp-html)$/;
 // The API's bound on a subject (docs/emails.md "Validation"), in characters once unfolded.
 const MAX_SUBJECT = 998;
 const TAG_PART = /^[A-Za-z0-9_-]{1,256}$/;
@@ -143,7 +143,7 @@ function submittedType(attachment: { contentType: string; headers: Map<string, u
 
 /** `alternative` for a calendar or AMP part without a Content-Disposition; else as submitted. */
 function dispositionOf(attachment: { contentType: string; contentDisposition?: string; filename?: string; headers: Map<string, unknown> }, type: string): SubmittedAttachment['disposition'] {
-  if (!attachment.headers.has('content-disposition') && !attachment.filename && ALTERNATIVE_TYPES.has(type.split(';')[0]!)) return 'alternative';
+  if (!attachment.headers.has('content-disposition') && !attachment.filename && ALTERNATIVE_TYPE.test(type.split(';')[0]!)) return 'alternative';
   return attachment.contentDisposition === 'inline' ? 'inline' : 'attachment';
 }
 
