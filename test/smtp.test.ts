@@ -354,6 +354,7 @@ describe('bad input gets its reply and stores nothing', () => {
       html: '<p>You are invited.</p>',
       // As Outlook and Google Calendar send an invitation: in multipart/alternative, no disposition.
       icalEvent: { method: 'REQUEST', content: calendar },
+      amp: '<!doctype html><html ⚡4email><body>You are invited.</body></html>',
       attachments: [{ filename: 'data.csv', content: latin1, contentType: 'text/csv; charset=iso-8859-1' }],
     });
     transport.close();
@@ -361,6 +362,7 @@ describe('bad input gets its reply and stores nothing', () => {
     const email = await until(() => api('GET', `/emails/${id}`).then((r) => r.json()), (e) => e.last_event === 'sent');
     // The API lists media types, as it did.
     expect(email.attachments).toEqual([
+      { filename: null, content_type: 'text/x-amp-html', size: expect.any(Number) },
       { filename: null, content_type: 'text/calendar', size: Buffer.byteLength(calendar) },
       { filename: 'data.csv', content_type: 'text/csv', size: latin1.length },
       // nodemailer attaches the invitation as a file too.
@@ -371,9 +373,10 @@ describe('bad input gets its reply and stores nothing', () => {
     const alternative = /Content-Type: multipart\/alternative;\s+boundary="([^"]+)"/.exec(raw);
     expect(alternative, raw).not.toBeNull();
     const parts = raw.split(`--${alternative![1]}`).slice(1, -1);
-    expect(parts.map((p) => /Content-Type: ([^;\r\n]+)/.exec(p)?.[1])).toEqual(['text/plain', 'text/html', 'text/calendar']);
-    expect(parts[2]).toMatch(/Content-Type: text\/calendar; charset=utf-8; method=REQUEST/);
-    expect(parts[2]).not.toMatch(/Content-Disposition/);
+    // AMP before the HTML (a client that shows only the last part it knows finds the HTML).
+    expect(parts.map((p) => /Content-Type: ([^;\r\n]+)/.exec(p)?.[1])).toEqual(['text/plain', 'text/x-amp-html', 'text/html', 'text/calendar']);
+    expect(parts[3]).toMatch(/Content-Type: text\/calendar; charset=utf-8; method=REQUEST/);
+    expect(parts[3]).not.toMatch(/Content-Disposition/);
     // The CSV keeps its charset, and its bytes.
     expect(raw).toMatch(/Content-Type: text\/csv; charset=iso-8859-1; name=data\.csv/);
     const delivered = await simpleParser(sink.raw[sink.messages.findIndex((m) => m.messageId === `<${id}@acme.test>`)]!);

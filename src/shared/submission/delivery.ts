@@ -16,6 +16,8 @@ export function withSubmittedParts(mail: SendMailOptions, parts: SubmittedParts)
     const seen = headers[key];
     headers[key] = seen === undefined ? value : [...(Array.isArray(seen) ? seen : [seen]), value];
   }
+  const alternatives = parts.attachments.filter((a) => a.disposition === 'alternative');
+  const amp = alternatives.find((a) => a.contentType.startsWith('text/x-amp-html'));
   const from = typeof mail.from === 'string' ? (parseMailbox(mail.from)?.address ?? mail.from) : undefined;
   return {
     ...mail,
@@ -25,8 +27,10 @@ export function withSubmittedParts(mail: SendMailOptions, parts: SubmittedParts)
     // Extra headers of the email row (none today for submitted mail) win over the submitted ones.
     headers: { ...headers, ...(mail.headers as Record<string, string> | undefined) },
     envelope: { from: from ?? false, to: parts.envelopeTo },
-    // A calendar invitation or an AMP part goes back beside the text and HTML (message.ts).
-    alternatives: parts.attachments.filter((a) => a.disposition === 'alternative').map((a) => ({ contentType: a.contentType, content: a.content })),
+    // An AMP part goes back before the HTML (clients that show only the last part they
+    // know must find the HTML last), a calendar invitation after it (message.ts).
+    amp: amp?.content,
+    alternatives: alternatives.filter((a) => a !== amp).map((a) => ({ contentType: a.contentType, content: a.content })),
     attachments: parts.attachments.filter((a) => a.disposition !== 'alternative').map((a) => ({
       // None given, none sent (nodemailer would make up `attachment-1.*`).
       filename: a.filename ?? (false as const),
