@@ -1,3 +1,4 @@
+import { createRequire } from 'node:module';
 import { simpleParser, type AddressObject, type EmailAddress, type HeaderLines, type ParsedMail } from 'mailparser';
 import type { EmailTag } from '../db/entities/email.js';
 import { asciiAddress, isAddress } from '../emails/addresses.js';
@@ -47,6 +48,9 @@ export interface SubmittedMessage {
   sentBy: { header: string; address: string }[];
   attachments: SubmittedAttachment[];
 }
+
+// libmime (mailparser's own MIME helpers) ships no types: the one function used, typed here.
+const libmime = createRequire(import.meta.url)('libmime') as { buildHeaderValue(structured: { value: string; params: Record<string, unknown> }): string };
 
 /** RFC 5322 2.1.1: a line is at most 998 characters, CRLF excluded. */
 const MAX_LINE = 998;
@@ -135,10 +139,9 @@ function addressObjects(value: AddressObject | AddressObject[] | undefined): Add
 function submittedType(attachment: { contentType: string; headers: Map<string, unknown> }): string {
   const header = attachment.headers.get('content-type') as { value?: unknown; params?: Record<string, unknown> } | undefined;
   if (typeof header?.value !== 'string' || !header.value.includes('/')) return attachment.contentType;
-  const params = Object.entries(header.params ?? {})
-    .filter(([name, value]) => name !== 'name' && typeof value === 'string' && !/[\r\n]/.test(value))
-    .map(([name, value]) => `; ${name}=${/^[\w!#$&^.+-]+$/.test(value as string) ? value : `"${(value as string).replace(/(["\\])/g, '\\$1')}"`}`);
-  return header.value.toLowerCase() + params.join('');
+  const params = Object.fromEntries(Object.entries(header.params ?? {}).filter(([name, value]) => name !== 'name' && typeof value === 'string' && !/[\r\n]/.test(value)));
+  // libmime quotes what needs quoting and encodes non-ASCII values (RFC 2231), as mailparser read them.
+  return libmime.buildHeaderValue({ value: header.value.toLowerCase(), params });
 }
 
 /** `alternative` for a calendar or AMP part without a Content-Disposition; else as submitted. */
