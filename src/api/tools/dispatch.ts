@@ -30,29 +30,25 @@ export interface EndpointResponse {
 }
 
 /**
- * Marks the requests this process dispatches. The organization's rate limit counts the outer
- * request when it arrives (auth.ts limitOrganization), which pays for its first dispatched
- * request; every further one (the calls of an MCP batch after the first, the pages a v1
- * `page` walks) is counted on its own, so a batch cannot multiply an organization's budget.
- * A random value of this process: a client cannot send it, and dispatch never forwards a
- * client's value.
+ * Marks every request this process dispatches, with one of two random values of this
+ * process (a client cannot send either, and dispatch never forwards a client's value):
+ * - PAID on an outer request's first dispatch. The organization's rate limit counts the outer
+ *   request when it arrives (auth.ts limitOrganization), which pays for that one; every
+ *   further one (the calls of an MCP batch after the first, the pages a v1 `page` walks) is
+ *   counted on its own, so a batch cannot multiply an organization's budget.
+ * - UNPAID on the others.
+ * Either way the HTTP metrics count the client's request once, not its dispatches again.
  */
 const DISPATCH_HEADER = 'x-mailroom-dispatch';
 const PAID = randomBytes(16).toString('hex');
+const UNPAID = randomBytes(16).toString('hex');
 // Set on an outer request once it has dispatched its first request.
 const DISPATCHED = Symbol('dispatched');
 
-/**
- * Marks every request this process dispatches, so that the HTTP metrics count the client's
- * request once (a v1 call, a tool call, an MCP batch) and not its dispatches again. As
- * DISPATCH_HEADER: a random value of this process, never forwarded from a client.
- */
-const INNER_HEADER = 'x-mailroom-inner';
-const INNER = randomBytes(16).toString('hex');
-
 /** Whether `request` was dispatched by this process (a tool's, a v1 path's or an MCP call's v2 request). */
 export function isDispatched(request: FastifyRequest): boolean {
-  return request.headers[INNER_HEADER] === INNER;
+  const mark = request.headers[DISPATCH_HEADER];
+  return mark === PAID || mark === UNPAID;
 }
 
 /** Whether the organization's limit was already counted for this request (its outer request's first). */
@@ -81,9 +77,8 @@ export async function dispatch(app: App, from: FastifyRequest, target: EndpointR
   }
   // Set last, whatever the target asked for: the endpoint runs as the caller, and only as the caller.
   headers['x-request-id'] = from.id;
-  headers[INNER_HEADER] = INNER;
   const outer = from as FastifyRequest & { [DISPATCHED]?: true };
-  if (!outer[DISPATCHED]) headers[DISPATCH_HEADER] = PAID;
+  headers[DISPATCH_HEADER] = outer[DISPATCHED] ? UNPAID : PAID;
   outer[DISPATCHED] = true;
   if (from.headers.authorization) headers.authorization = from.headers.authorization;
   if (target.body !== undefined) headers['content-type'] = 'application/json';
