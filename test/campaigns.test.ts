@@ -597,18 +597,26 @@ describe('a campaign email the relay refuses', () => {
 });
 
 describe('fan-out edge cases', () => {
-  it('skips a recipient who unsubscribes during the fan-out and still completes', async () => {
-    // Only the fan-out runs: the emails stay queued until the send worker starts.
-    const o = await createOrg(ctx.services, { name: 'Edge' });
-    const sid = await createSenderRow(ctx.services, o.organizationId, 'edge@edge.test');
+  /**
+   * A new organization's campaign to `locals`@`domain`, fanned out by the fan-out worker alone:
+   * its emails stay queued until `fanOnly` is closed and the send workers start.
+   */
+  async function fannedOutOnly(name: string, domain: string, locals: string[]) {
+    const o = await createOrg(ctx.services, { name });
+    const sid = await createSenderRow(ctx.services, o.organizationId, `${name.toLowerCase()}@${domain}`);
     await workers?.close();
     workers = undefined;
     const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
     const subs = [];
-    for (const e of ['x1', 'x2', 'x3', 'x4']) subs.push((await api('POST', '/subscribers', { email: `${e}@edge.test` }, o.token)).json());
-    const c = (await api('POST', '/campaigns', { name: 'edge', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
+    for (const e of locals) subs.push((await api('POST', '/subscribers', { email: `${e}@${domain}` }, o.token)).json());
+    const c = (await api('POST', '/campaigns', { name: name.toLowerCase(), subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
     await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
     await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    return { o, c, subs, fanOnly };
+  }
+
+  it('skips a recipient who unsubscribes during the fan-out and still completes', async () => {
+    const { o, c, subs, fanOnly } = await fannedOutOnly('Edge', 'edge.test', ['x1', 'x2', 'x3', 'x4']);
     expect((await api('GET', `/campaigns/${c.id}`, undefined, o.token)).json().status).toBe('SENDING');
     await api('POST', `/subscribers/${subs[1].id}/unsubscribe`, {}, o.token);
     await fanOnly.close();
@@ -628,16 +636,7 @@ describe('fan-out edge cases', () => {
   });
 
   it('sends nothing to an address its contact left after the fan-out, even when another contact took it', async () => {
-    const o = await createOrg(ctx.services, { name: 'Moves' });
-    const sid = await createSenderRow(ctx.services, o.organizationId, 'moves@moves.test');
-    await workers?.close();
-    workers = undefined;
-    const fanOnly = await startWorkers(ctx.services, createRedis(ctx.env.config.redisUrl, 'worker'), [campaignsProcessor] as never);
-    const subs = [];
-    for (const e of ['m1', 'm2']) subs.push((await api('POST', '/subscribers', { email: `${e}@moves.test` }, o.token)).json());
-    const c = (await api('POST', '/campaigns', { name: 'moves', subject: 's', senderId: sid, content: `x${UNSUB_MD}` }, o.token)).json();
-    await api('POST', `/campaigns/${c.id}/send`, {}, o.token);
-    await waitFor(async () => (await sql<{ fanout_done: boolean }>('select fanout_done from campaigns where id = ?', [c.id]))[0]?.fanout_done);
+    const { o, c, subs, fanOnly } = await fannedOutOnly('Moves', 'moves.test', ['m1', 'm2']);
     // m1 moves away; a new contact, never in the campaign's audience at its fan-out, takes the address.
     expect((await api('PATCH', `/subscribers/${subs[0].id}`, { email: 'm1-new@moves.test' }, o.token)).statusCode).toBe(200);
     expect((await api('POST', '/subscribers', { email: 'm1@moves.test' }, o.token)).statusCode).toBe(200);
